@@ -1,0 +1,68 @@
+"""A difficulty table in shared memory, read by DataLoader workers without Ray.
+
+DataLoader workers are forked copies of the dataset and must never call Ray. The dataset owns one
+:class:`SharedDifficultyTable`, created in the trainer process before the workers start; its
+storage is a ``torch`` tensor moved to shared memory, so a value the trainer writes after the
+workers started is visible to them at their next read (no copy, no message).
+
+Shape: ``values`` is a float64 tensor of shape ``(N,)``, one entry per dataset question row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Hashable
+
+import numpy as np
+import torch
+
+
+class SharedDifficultyTable:
+    """Difficulty per question, indexed by dataset row, in shared memory.
+
+    Args:
+        question_ids: the stable question id of each row (str or int), unique.
+        initial: starting difficulty of every row.
+    """
+
+    def __init__(self, question_ids: Sequence[Hashable], initial: float = 5.0):
+        self._row_of: dict[Hashable, int] = {}
+        for row, qid in enumerate(question_ids):
+            if qid in self._row_of:
+                raise ValueError(
+                    f"question_ids: id {qid!r} appears at rows {self._row_of[qid]} and {row}; ids must be unique"
+                )
+            self._row_of[qid] = row
+        self.values = torch.full((len(self._row_of),), float(initial), dtype=torch.float64).share_memory_()
+
+    def __len__(self) -> int:
+        return self.values.numel()
+
+    def row_of(self, question_id: Hashable) -> int:
+        try:
+            return self._row_of[question_id]
+        except KeyError:
+            raise KeyError(f"question id {question_id!r} is not in this dataset's difficulty table") from None
+
+    def read(self, row: int) -> float:
+        """Current difficulty of dataset row ``row`` (cheap; safe in DataLoader workers)."""
+        return float(self.values[row])
+
+    def write_snapshot(self, snapshot: Mapping[Hashable, float]) -> int:
+        """Copy ``{question_id: difficulty}`` into the table; ids of other datasets are ignored.
+
+        Returns the number of rows written. Vectorised: one index-put for the whole snapshot.
+        """
+        rows, vals = [], []
+        for qid, value in snapshot.items():
+            row = self._row_of.get(qid)
+            if row is not None:
+                rows.append(row)
+                vals.append(value)
+        if rows:
+            self.values[torch.as_tensor(rows, dtype=torch.long)] = torch.as_tensor(vals, dtype=torch.float64)
+        return len(rows)
+
+    def write_rows(self, rows: Iterable[int], values: Iterable[float]) -> None:
+        rows_t = torch.as_tensor(np.asarray(list(rows), dtype=np.int64))
+        self.values[rows_t] = torch.as_tensor(np.asarray(list(values), dtype=np.float64))

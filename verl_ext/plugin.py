@@ -1,0 +1,38 @@
+"""Registration of DIVA-GRPO with verl's registries.
+
+verl imports this module in every process through the ``verl.plugins`` entry point declared in
+``setup.py`` (``import verl`` loads all entry points). verl swallows plugin import errors at debug
+level, so :func:`check_registered` exists to turn a silent miss into a clear error; the DIVA trainer
+and the tests call it.
+"""
+
+from __future__ import annotations
+
+from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
+
+ADV_ESTIMATOR_NAME = "diva_grpo"
+
+
+def _diva_grpo_needs_the_diva_trainer(token_level_rewards, response_mask, index=None, config=None, **kwargs):
+    """verl's plain dispatcher passes only ``uid`` (one prompt group), never the question groups or
+    difficulties DIVA needs, so computing anything here would silently be GRPO. Refuse instead."""
+    raise RuntimeError(
+        "algorithm.adv_estimator=diva_grpo needs question groups and difficulties, which verl's plain advantage "
+        "dispatcher does not pass (it only gives `uid`). Run the DIVA trainer: set trainer.v1.trainer_mode=diva_grpo "
+        "(the recipe config recipe/diva_grpo/config/diva_grpo.yaml does), or call "
+        "verl_ext.algos.compute_diva_advantage directly with prompt_index, question_index and difficulty."
+    )
+
+
+if ADV_ESTIMATOR_REGISTRY.get(ADV_ESTIMATOR_NAME) is None:
+    register_adv_est(ADV_ESTIMATOR_NAME)(_diva_grpo_needs_the_diva_trainer)
+
+
+def check_registered() -> None:
+    """Raise ``RuntimeError`` if the ``diva_grpo`` estimator is missing from verl's registry."""
+    if ADV_ESTIMATOR_NAME not in ADV_ESTIMATOR_REGISTRY:
+        raise RuntimeError(
+            f"advantage estimator {ADV_ESTIMATOR_NAME!r} is not registered with verl. Is this package installed "
+            "(`pip install -e .`) so that its `verl.plugins` entry point is visible, and is "
+            "VERL_USE_EXTERNAL_PLUGINS not set to 'none'?"
+        )
