@@ -13,7 +13,9 @@ setup(
     python_requires=">=3.10",
     # `recipe` is a namespace shared with other distributions (TransferQueue ships recipe/simple_use_case),
     # so it has no __init__.py and only our subpackage is claimed.
-    packages=find_namespace_packages(include=["verl_ext", "verl_ext.*", "data_prep", "data_prep.*", "recipe.diva_grpo*"]),
+    packages=find_namespace_packages(
+        include=["verl_ext", "verl_ext.*", "data_prep", "data_prep.*", "recipe.diva_grpo", "recipe.diva_grpo.*"]
+    ),
     package_data={"recipe.diva_grpo": ["config/*.yaml", "*.yaml", "README.md"]},
     install_requires=[
         VERL,

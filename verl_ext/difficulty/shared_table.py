@@ -10,8 +10,7 @@ Shape: ``values`` is a float64 tensor of shape ``(N,)``, one entry per dataset q
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Hashable
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
