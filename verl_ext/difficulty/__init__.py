@@ -1,0 +1,33 @@
+"""Per-question difficulty for DIVA-GRPO: update rules, tracker, persistence and the Ray service.
+
+Pure pieces (no Ray): :mod:`.rules`, :mod:`.alphas`, :mod:`.tracker`, :mod:`.persistence`, :mod:`.live_store`.
+The Ray actor and its trainer-side client live in :mod:`.service` (import it explicitly; importing this package
+does not import Ray). DataLoader workers read :class:`.shared_table.SharedDifficultyTable` only.
+"""
+
+from verl_ext.difficulty.alphas import question_alphas
+from verl_ext.difficulty.persistence import (
+    STATE_FILENAME,
+    DifficultyStateFileError,
+    checkpoint_state_path,
+    load_state,
+    save_state,
+)
+from verl_ext.difficulty.rules import binned_update, continuous_update, make_update_rule
+from verl_ext.difficulty.shared_table import SharedDifficultyTable
+from verl_ext.difficulty.tracker import DifficultyTracker, UpdateRecord
+
+__all__ = [
+    "STATE_FILENAME",
+    "DifficultyStateFileError",
+    "DifficultyTracker",
+    "SharedDifficultyTable",
+    "UpdateRecord",
+    "binned_update",
+    "checkpoint_state_path",
+    "continuous_update",
+    "load_state",
+    "make_update_rule",
+    "question_alphas",
+    "save_state",
+]

@@ -1,0 +1,92 @@
+"""Atomic, checksummed files holding a :class:`~verl_ext.difficulty.tracker.DifficultyTracker` state.
+
+With every verl checkpoint the state goes to ``<default_local_dir>/global_step_N/diva_difficulty.json``,
+beside verl's ``actor/`` and ``data.pt`` of the same step, and is read back on resume.
+
+File layout (one JSON object): ``{"sha256": <hex digest of the state text>, "state": <state>}`` where the
+state text is ``json.dumps(state, sort_keys=True, separators=(",", ":"))``. Writing goes to a temporary file in
+the same folder, fsync, then ``os.replace`` (atomic on POSIX), so a reader sees the old file or the new one,
+never half of one. A truncated or edited file fails the JSON parse or the checksum and raises
+:class:`DifficultyStateFileError` naming the file: difficulties are never silently reset.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+
+STATE_FILENAME = "diva_difficulty.json"
+
+
+class DifficultyStateFileError(ValueError):
+    """A difficulty state file that is partial, corrupt or not a difficulty state."""
+
+
+def checkpoint_state_path(step_folder: str) -> str:
+    """Path of the difficulty state inside a verl checkpoint step folder (``.../global_step_N``)."""
+    return os.path.join(step_folder, STATE_FILENAME)
+
+
+def _canonical(state: dict) -> str:
+    # allow_nan=False: a NaN would make the file unreadable by strict JSON readers; states never hold one.
+    return json.dumps(state, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def save_state(state: dict, path: str) -> str:
+    """Write ``state`` to ``path`` atomically (temp file in the same folder, fsync, ``os.replace``)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    text = _canonical(state)
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write('{"sha256":"' + digest + '","state":' + text + "}")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    # Make the rename itself durable.
+    dir_fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def load_state(path: str) -> dict:
+    """Read and verify a file written by :func:`save_state`.
+
+    Raises:
+        FileNotFoundError: no file at ``path`` (message says what was expected there).
+        DifficultyStateFileError: the file is partial, corrupt or fails its checksum.
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"difficulty state file {path} does not exist; a DIVA checkpoint step folder must hold one "
+            "(saved by the difficulty service with the checkpoint). Refusing to reset difficulties silently."
+        )
+    with open(path, encoding="utf-8") as f:
+        raw = f.read()
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise DifficultyStateFileError(
+            f"difficulty state file {path} is partial or corrupt ({len(raw)} bytes; JSON error: {err}). "
+            "Restore it from a backup or resume from another checkpoint step."
+        ) from None
+    if not isinstance(data, dict) or set(data) != {"sha256", "state"}:
+        raise DifficultyStateFileError(f"{path} is not a difficulty state file (expected keys 'sha256' and 'state')")
+    digest = hashlib.sha256(_canonical(data["state"]).encode("utf-8")).hexdigest()
+    if digest != data["sha256"]:
+        raise DifficultyStateFileError(
+            f"difficulty state file {path} fails its checksum (stored {data['sha256']}, computed {digest}); "
+            "it was modified or damaged. Restore it or resume from another checkpoint step."
+        )
+    return data["state"]

@@ -1,0 +1,228 @@
+"""The difficulty service: a named Ray actor holding the :class:`DifficultyTracker`, and its client.
+
+Who talks to it:
+
+- the trainer, once per step: ``pending = service.update_async(ids, alphas, step)`` right after the advantage
+  is computed, and ``service.finish(pending, table)`` when the metrics are needed (it also copies the changed
+  difficulties into the dataset's :class:`SharedDifficultyTable`);
+- the trainer's checkpoint hooks: ``service.save(step_folder)`` / ``service.load(step_folder)``;
+- never the DataLoader workers: they read the shared table.
+
+Naming and isolation: the actor is named ``"<service_name>/<experiment_name>"`` and created, or found, in a Ray
+namespace: by default the calling job's own namespace (``ray.get_runtime_context().namespace``; every
+``ray job submit`` gets a fresh anonymous one unless the user names one). Two experiments on one cluster therefore
+never share state: different namespaces, and different names even inside one shared namespace.
+
+Fault tolerance: the actor restarts up to ``max_restarts`` times and Ray retries the interrupted call as often.
+Its state lives in ``live_dir`` (a :class:`LiveStateStore`: base file + journal, appended before each update is
+acknowledged), which the restarted actor reads in ``__init__``; every update carries a request id, so a retried
+update that had already been applied is not applied twice. The actor is pinned to the node that created it,
+so ``live_dir`` (on that node's disk) is there after a restart; use shared storage to lift the pin.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from verl_ext.config import DifficultyConfig
+from verl_ext.difficulty.live_store import LiveStateStore
+from verl_ext.difficulty.persistence import (
+    DifficultyStateFileError,
+    checkpoint_state_path,
+    load_state,
+    save_state,
+)
+from verl_ext.difficulty.shared_table import SharedDifficultyTable
+from verl_ext.difficulty.tracker import DifficultyTracker
+
+
+class DifficultyServiceActor:
+    """Actor body: one tracker, its live store, and the checkpoint file hooks. Methods run one at a time."""
+
+    def __init__(self, config: DifficultyConfig, live_dir: str | None):
+        self.tracker = DifficultyTracker(config)
+        self.store = LiveStateStore(live_dir) if live_dir else None
+        self.replayed = self.store.restore_into(self.tracker) if self.store else 0
+
+    def update(self, question_ids: list, alphas: np.ndarray, step: int, request_id: str | None = None) -> dict:
+        """Apply one step's update; returns ``{"version": int, "metrics": {...}}``."""
+        if not self.tracker.is_applied(request_id):
+            record = self.tracker.compute_update(question_ids, alphas, step, request_id)
+            if self.store is not None:
+                self.store.append(record)  # before applying: nothing acknowledged is ever lost
+            self.tracker.apply(record)
+            if self.store is not None and self.store.needs_compaction(self.tracker):
+                self.store.compact(self.tracker)
+        return {"version": self.tracker.version, "metrics": self.tracker.metrics()}
+
+    def changes_since(self, version: int) -> tuple[int, bool, list, np.ndarray]:
+        return self.tracker.changes_since(version)
+
+    def snapshot(self) -> dict:
+        return self.tracker.snapshot()
+
+    def difficulties(self, question_ids: list) -> np.ndarray:
+        return self.tracker.difficulties(question_ids)
+
+    def state_of(self, question_id: Hashable) -> dict:
+        return self.tracker.state_of(question_id)
+
+    def metrics(self) -> dict:
+        return self.tracker.metrics()
+
+    def info(self) -> dict:
+        return {"pid": os.getpid(), "version": self.tracker.version, "questions": len(self.tracker)}
+
+    def save(self, step_folder: str) -> str:
+        return save_state(self.tracker.state_dict(), checkpoint_state_path(step_folder))
+
+    def load(self, step_folder: str) -> int:
+        """Replace the state with the checkpoint's; returns the new version (readers will rebuild fully)."""
+        path = checkpoint_state_path(step_folder)
+        state = load_state(path)
+        try:
+            self.tracker.load_state_dict(state)
+        except ValueError as err:
+            raise DifficultyStateFileError(f"{path}: {err}") from None
+        if self.store is not None:
+            self.store.compact(self.tracker)  # a restart from here must come back with the loaded state
+        return self.tracker.version
+
+
+def actor_name(experiment_name: str, config: DifficultyConfig) -> str:
+    """``"<service_name>/<experiment_name>"``: the Ray actor name of one experiment's service."""
+    if not experiment_name:
+        raise ValueError("experiment_name must be a non-empty string (use trainer.experiment_name)")
+    return f"{config.service_name}/{experiment_name}"
+
+
+@dataclass
+class PendingUpdate:
+    """An update sent to the actor and not yet collected (see :meth:`DifficultyService.finish`)."""
+
+    ref: ray.ObjectRef
+    request_id: str
+    num_questions: int
+
+
+class DifficultyService:
+    """Trainer-side handle on one experiment's difficulty actor (create with :meth:`get_or_create`)."""
+
+    def __init__(self, handle, config: DifficultyConfig, name: str, namespace: str | None):
+        self.handle = handle
+        self.config = config
+        self.name = name
+        self.namespace = namespace
+        # Version of the service state last copied into a shared table; -1: never (full copy next time).
+        self.table_version = -1
+
+    @classmethod
+    def get_or_create(
+        cls,
+        experiment_name: str,
+        config: DifficultyConfig | None = None,
+        live_dir: str | None = None,
+        namespace: str | None = None,
+    ) -> DifficultyService:
+        """Find the experiment's actor, or start it.
+
+        Args:
+            experiment_name: names the actor (``trainer.experiment_name``).
+            config: the ``diva.difficulty`` block (``None``: defaults); only the creating call's config is used.
+            live_dir: folder for the actor's running record (restart recovery); ``None`` keeps state in memory
+                only, so a restarted actor starts empty. Put it under the run's ``default_local_dir``.
+            namespace: Ray namespace; ``None`` = the calling job's namespace.
+        """
+        config = config if config is not None else DifficultyConfig()
+        name = actor_name(experiment_name, config)
+        if namespace is None:
+            namespace = ray.get_runtime_context().namespace
+        node_id = ray.get_runtime_context().get_node_id()
+        actor_cls = ray.remote(DifficultyServiceActor)
+        handle = actor_cls.options(
+            name=name,
+            namespace=namespace,
+            get_if_exists=True,
+            max_restarts=config.max_restarts,
+            max_task_retries=config.max_restarts,
+            # Bookkeeping only: takes no CPU slot from the rollout/training workers.
+            num_cpus=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+        ).remote(config, os.path.abspath(live_dir) if live_dir else None)
+        return cls(handle, config, name, namespace)
+
+    # ------------------------------------------------------------------ per step
+    def update_async(self, question_ids: Sequence[Hashable], alphas: Sequence[float], step: int) -> PendingUpdate:
+        """Send one step's update and return at once. Input is checked here too, so a bad call fails in the
+        trainer with the argument named rather than later inside the actor."""
+        ids = list(question_ids)
+        alpha = np.asarray(alphas, dtype=np.float64)
+        if len(ids) != alpha.size:
+            raise ValueError(
+                f"question_ids has {len(ids)} entries but alphas has {alpha.size}; give one alpha per question"
+            )
+        request_id = uuid.uuid4().hex
+        ref = self.handle.update.remote(ids, alpha, int(step), request_id)
+        return PendingUpdate(ref, request_id, len(ids))
+
+    def finish(self, pending: PendingUpdate, table: SharedDifficultyTable | None = None) -> dict[str, float]:
+        """Wait for an update; refresh ``table`` if given; return the service metrics."""
+        result = ray.get(pending.ref)
+        if table is not None:
+            self.refresh(table)
+        return result["metrics"]
+
+    def update(
+        self,
+        question_ids: Sequence[Hashable],
+        alphas: Sequence[float],
+        step: int,
+        table: SharedDifficultyTable | None = None,
+    ) -> dict[str, float]:
+        """Blocking :meth:`update_async` + :meth:`finish`."""
+        return self.finish(self.update_async(question_ids, alphas, step), table)
+
+    def refresh(self, table: SharedDifficultyTable) -> int:
+        """Copy what changed since the last refresh into ``table`` (all of it the first time or after a load).
+
+        Returns the number of table rows written; ids not in the table (another dataset's) are skipped.
+        """
+        version, full, ids, values = ray.get(self.handle.changes_since.remote(self.table_version))
+        if full:
+            table.values.fill_(float(self.config.d_init))
+        written = table.write_snapshot(dict(zip(ids, np.asarray(values).tolist(), strict=True)))
+        self.table_version = version
+        return written
+
+    # ------------------------------------------------------------------ reads, checkpoints
+    def snapshot(self) -> dict:
+        return ray.get(self.handle.snapshot.remote())
+
+    def difficulties(self, question_ids: Sequence[Hashable]) -> np.ndarray:
+        return ray.get(self.handle.difficulties.remote(list(question_ids)))
+
+    def state_of(self, question_id: Hashable) -> dict:
+        return ray.get(self.handle.state_of.remote(question_id))
+
+    def metrics(self) -> dict[str, float]:
+        return ray.get(self.handle.metrics.remote())
+
+    def save(self, step_folder: str) -> str:
+        """Write the state into a verl checkpoint step folder (``global_step_N``); returns the file path."""
+        return ray.get(self.handle.save.remote(step_folder))
+
+    def load(self, step_folder: str, table: SharedDifficultyTable | None = None) -> None:
+        """Restore the state saved in ``step_folder``; a missing, partial or corrupt file raises naming it."""
+        ray.get(self.handle.load.remote(step_folder))
+        if table is not None:
+            self.refresh(table)
+
+
+__all__ = ["DifficultyService", "DifficultyServiceActor", "PendingUpdate", "actor_name"]
