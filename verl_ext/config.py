@@ -68,6 +68,8 @@ class VariantConfig(BaseConfig):
 class DivaConfig(BaseConfig):
     """All DIVA knobs, as found under the recipe's top-level ``diva:`` key."""
 
+    # Run the CPU preflight instead of training (the launcher sets it for DRY_RUN=1).
+    dry_run: bool = False
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     difficulty: DifficultyConfig = field(default_factory=DifficultyConfig)
     variants: VariantConfig = field(default_factory=VariantConfig)
