@@ -82,12 +82,13 @@ def read_parquet_layout(path: Path, layout: ParquetLayout, batch_size: int = 64)
     root = path if path.is_dir() else path.parent
     for file in files:  # check every file before reading any row: fail fast, not after an hour
         names = pq.ParquetFile(file).schema_arrow.names
-        for column in layout.columns:
-            if column not in names:
-                raise PrepError(
-                    f"{file}: missing column {column!r}, which layout {layout.name!r} expects "
-                    f"(expected {layout.columns}, found {names}). Pick the matching --layout or rename the column."
-                )
+        missing = [column for column in layout.columns if column not in names]
+        if missing:
+            plural = "s" if len(missing) > 1 else ""
+            raise PrepError(
+                f"{file}: missing column{plural} {', '.join(map(repr, missing))}, which layout {layout.name!r} "
+                f"expects (expected {layout.columns}, found {names}). Pick the matching --layout or rename the column."
+            )
     index = 0
     for file in files:
         row_in_file = 0

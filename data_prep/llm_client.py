@@ -96,21 +96,25 @@ class ChatClient:
         )
         self._slots = asyncio.Semaphore(concurrency)
         self.stats: Counter[str] = Counter()  # requests, retries, prompt_tokens, completion_tokens, failures
+        self._refused: EndpointUnusable | None = None  # once refused, later requests are not sent at all
 
     async def complete(self, messages: list[dict], temperature: float = 0.7, max_tokens: int = 1024) -> ChatReply:
         last_error: Exception | None = None
         for attempt in range(self.retry.max_retries + 1):
             async with self._slots:
+                if self._refused is not None:
+                    raise self._refused
                 self.stats["requests"] += 1
                 try:
                     response = await self._client.chat.completions.create(
                         model=self.model, messages=messages, temperature=temperature, max_tokens=max_tokens
                     )
                 except FATAL_ERRORS as exc:
-                    raise EndpointUnusable(
+                    self._refused = EndpointUnusable(
                         f"the endpoint refused the request ({type(exc).__name__}, HTTP {exc.status_code}): check "
                         "--base-url, --model and the OPENAI_API_KEY environment variable"
-                    ) from None
+                    )
+                    raise self._refused from None
                 except RETRYABLE_ERRORS as exc:
                     last_error = exc
                 except openai.APIStatusError as exc:  # other 4xx (bad request, too long): retrying cannot help

@@ -1,0 +1,137 @@
+"""A real HTTP server on 127.0.0.1 speaking ``POST /v1/chat/completions``, with scripted replies per question.
+
+It runs aiohttp in its own thread and event loop, so the code under test talks to it through a real socket with
+the real ``openai`` client. Each request is recorded as ``(question, task, outcome)``; ``task`` is "paraphrases" or
+"hint" (recognised from the system prompt), ``question`` is the question text found in the user message.
+Scripted replies (a list per ``(question, task)``) are used first, then a correct default reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    content: str | None = None  # the assistant message; None -> the correct default reply
+    delay: float = 0.0  # seconds before answering (a delay above the client's timeout is a timeout)
+    headers: dict = field(default_factory=dict)
+    finish_reason: str = "stop"
+
+
+def good_paraphrases(question: str, k: int) -> str:
+    return json.dumps({"paraphrases": [f"Restated, version {chr(65 + j)}: {question}" for j in range(k)]})
+
+
+def good_hint(answer: str) -> str:
+    steps = ["Look at the figure and note what is given.", "Choose the formula that fits.", "Substitute and simplify."]
+    return json.dumps({"steps": steps, "final_answer": answer})
+
+
+def parse_request(body: dict) -> tuple[str, str, int]:
+    """(question, task, paraphrases asked) from a chat-completions request made by data_prep.generation."""
+    system, user = body["messages"][0]["content"], body["messages"][1]["content"]
+    if isinstance(user, list):
+        user = next(part["text"] for part in user if part["type"] == "text")
+    task = "paraphrases" if '"paraphrases"' in system else "hint"
+    marker = "Question: " if task == "paraphrases" else "Problem: "
+    question = user.split(marker, 1)[1].strip()
+    wanted = int(user.split("Write ", 1)[1].split(" ", 1)[0]) if task == "paraphrases" else 0
+    return question, task, wanted
+
+
+class LoopbackChatServer:
+    def __init__(self, answers: dict[str, str], scripts: dict | None = None, latency: float = 0.0):
+        self.answers = answers  # question -> ground truth, for the default hint reply
+        self.scripts = {key: list(replies) for key, replies in (scripts or {}).items()}
+        self.latency = latency
+        self.records: list[tuple[str, str, str]] = []
+        self.auth_headers: list[str] = []
+        self.hold_after: int | None = None  # answer this many requests, then hold the rest until released
+        self.released = threading.Event()
+        self._lock = threading.RLock()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def answered(self) -> list[tuple[str, str]]:
+        with self._lock:
+            return [(q, t) for q, t, outcome in self.records if outcome == "200"]
+
+    def _next_reply(self, question: str, task: str) -> Reply:
+        with self._lock:
+            script = self.scripts.get((question, task))
+            return script.pop(0) if script else Reply()
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.auth_headers.append(request.headers.get("Authorization", ""))
+        question, task, wanted = parse_request(body)
+        with self._lock:
+            held = self.hold_after is not None and len(self.answered()) >= self.hold_after
+            if held:
+                self.records.append((question, task, "held"))
+        if held:  # never answered: the client is killed meanwhile
+            while not self.released.is_set():
+                await asyncio.sleep(0.05)
+            return web.Response(status=503)
+        reply = self._next_reply(question, task)
+        await asyncio.sleep(self.latency + reply.delay)
+        with self._lock:
+            self.records.append((question, task, str(reply.status)))
+        if reply.status != 200:
+            error = {"error": {"message": f"scripted {reply.status}", "type": "scripted", "code": reply.status}}
+            return web.json_response(error, status=reply.status, headers=reply.headers)
+        content = reply.content
+        if content is None:
+            content = good_paraphrases(question, wanted) if task == "paraphrases" else good_hint(self.answers[question])
+        return web.json_response(
+            {
+                "id": "chatcmpl-loopback",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body["model"],
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": content},
+                        "finish_reason": reply.finish_reason,
+                    }
+                ],
+                "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120},
+            }
+        )
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        self._loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self._loop.run_forever()
+
+    def __enter__(self) -> LoopbackChatServer:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.released.set()
+        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
