@@ -328,3 +328,15 @@ def test_verl_loader_rejects_a_misspelt_reward_kwarg():
     reward_fn = get_custom_reward_fn(_verl_config("pkg://verl_ext.reward", {"acc_weigth": 0.5}))
     with pytest.raises(TypeError, match="acc_weigth"):
         reward_fn(data_source="d", solution_str="\\boxed{1}", ground_truth="1", extra_info={})
+
+
+def test_benchmark_quick_runs_and_ends_with_json():
+    import json
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "bench_reward.py")
+    completed = subprocess.run([sys.executable, script, "--quick"], capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr
+    figures = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert figures["isolated_ms"] > 0 and figures["in_process_ms"] > 0 and figures["exact_ms"] > 0
