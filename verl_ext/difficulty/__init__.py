@@ -1,8 +1,9 @@
 """Per-question difficulty for DIVA-GRPO: update rules, tracker, persistence and the Ray service.
 
 Pure pieces (no Ray): :mod:`.rules`, :mod:`.alphas`, :mod:`.tracker`, :mod:`.persistence`, :mod:`.live_store`.
-The Ray actor and its trainer-side client live in :mod:`.service` (import it explicitly; importing this package
-does not import Ray). DataLoader workers read :class:`.shared_table.SharedDifficultyTable` only.
+The Ray actor and its trainer-side client live in :mod:`.service`; DataLoader workers read
+:class:`.shared_table.SharedDifficultyTable` only. Import both explicitly: this package imports neither Ray, torch
+nor verl, so the service's actor process starts in well under a second.
 """
 
 from verl_ext.difficulty.alphas import question_alphas
@@ -14,14 +15,12 @@ from verl_ext.difficulty.persistence import (
     save_state,
 )
 from verl_ext.difficulty.rules import binned_update, continuous_update, make_update_rule
-from verl_ext.difficulty.shared_table import SharedDifficultyTable
 from verl_ext.difficulty.tracker import DifficultyTracker, UpdateRecord
 
 __all__ = [
     "STATE_FILENAME",
     "DifficultyStateFileError",
     "DifficultyTracker",
-    "SharedDifficultyTable",
     "UpdateRecord",
     "binned_update",
     "checkpoint_state_path",

@@ -22,16 +22,17 @@ so ``live_dir`` (on that node's disk) is there after a restart; use shared stora
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import uuid
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from verl_ext.config import DifficultyConfig
 from verl_ext.difficulty.live_store import LiveStateStore
 from verl_ext.difficulty.persistence import (
     DifficultyStateFileError,
@@ -39,15 +40,19 @@ from verl_ext.difficulty.persistence import (
     load_state,
     save_state,
 )
-from verl_ext.difficulty.shared_table import SharedDifficultyTable
 from verl_ext.difficulty.tracker import DifficultyTracker
+
+if TYPE_CHECKING:  # kept out of the actor process: verl and torch take seconds to import there
+    from verl_ext.config import DifficultyConfig
+    from verl_ext.difficulty.shared_table import SharedDifficultyTable
 
 
 class DifficultyServiceActor:
     """Actor body: one tracker, its live store, and the checkpoint file hooks. Methods run one at a time."""
 
-    def __init__(self, config: DifficultyConfig, live_dir: str | None):
-        self.tracker = DifficultyTracker(config)
+    def __init__(self, config: dict, live_dir: str | None):
+        self._config = dict(config)
+        self.tracker = DifficultyTracker(self._config)
         self.store = LiveStateStore(live_dir) if live_dir else None
         self.replayed = self.store.restore_into(self.tracker) if self.store else 0
 
@@ -77,6 +82,9 @@ class DifficultyServiceActor:
     def metrics(self) -> dict:
         return self.tracker.metrics()
 
+    def config(self) -> dict:
+        return dict(self._config)
+
     def info(self) -> dict:
         return {"pid": os.getpid(), "version": self.tracker.version, "questions": len(self.tracker)}
 
@@ -96,11 +104,24 @@ class DifficultyServiceActor:
         return self.tracker.version
 
 
-def actor_name(experiment_name: str, config: DifficultyConfig) -> str:
+def actor_name(experiment_name: str, service_name: str = "diva_difficulty") -> str:
     """``"<service_name>/<experiment_name>"``: the Ray actor name of one experiment's service."""
-    if not experiment_name:
-        raise ValueError("experiment_name must be a non-empty string (use trainer.experiment_name)")
-    return f"{config.service_name}/{experiment_name}"
+    if not experiment_name or not isinstance(experiment_name, str):
+        raise ValueError(
+            f"experiment_name must be a non-empty string (use trainer.experiment_name), got {experiment_name!r}"
+        )
+    return f"{service_name}/{experiment_name}"
+
+
+def config_fields(config: DifficultyConfig | Mapping | None) -> dict:
+    """The ``diva.difficulty`` knobs as a plain dict (what the actor receives; no verl needed to read it)."""
+    if config is None:
+        from verl_ext.config import DifficultyConfig
+
+        config = DifficultyConfig()
+    if dataclasses.is_dataclass(config):
+        return {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if not f.name.startswith("_")}
+    return dict(config)
 
 
 @dataclass
@@ -115,7 +136,7 @@ class PendingUpdate:
 class DifficultyService:
     """Trainer-side handle on one experiment's difficulty actor (create with :meth:`get_or_create`)."""
 
-    def __init__(self, handle, config: DifficultyConfig, name: str, namespace: str | None):
+    def __init__(self, handle, config: dict, name: str, namespace: str | None):
         self.handle = handle
         self.config = config
         self.name = name
@@ -127,7 +148,7 @@ class DifficultyService:
     def get_or_create(
         cls,
         experiment_name: str,
-        config: DifficultyConfig | None = None,
+        config: DifficultyConfig | Mapping | None = None,
         live_dir: str | None = None,
         namespace: str | None = None,
     ) -> DifficultyService:
@@ -140,8 +161,8 @@ class DifficultyService:
                 only, so a restarted actor starts empty. Put it under the run's ``default_local_dir``.
             namespace: Ray namespace; ``None`` = the calling job's namespace.
         """
-        config = config if config is not None else DifficultyConfig()
-        name = actor_name(experiment_name, config)
+        config = config_fields(config)
+        name = actor_name(experiment_name, config["service_name"])
         if namespace is None:
             namespace = ray.get_runtime_context().namespace
         node_id = ray.get_runtime_context().get_node_id()
@@ -150,13 +171,25 @@ class DifficultyService:
             name=name,
             namespace=namespace,
             get_if_exists=True,
-            max_restarts=config.max_restarts,
-            max_task_retries=config.max_restarts,
+            max_restarts=config["max_restarts"],
+            max_task_retries=config["max_restarts"],
             # Bookkeeping only: takes no CPU slot from the rollout/training workers.
             num_cpus=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
         ).remote(config, os.path.abspath(live_dir) if live_dir else None)
-        return cls(handle, config, name, namespace)
+        # If the actor already existed, its own config (from its creation) is the one in force.
+        return cls(handle, ray.get(handle.config.remote()), name, namespace)
+
+    @classmethod
+    def connect(
+        cls, experiment_name: str, namespace: str | None = None, service_name: str = "diva_difficulty"
+    ) -> DifficultyService:
+        """Attach to a running service (another process of the same job); ``ValueError`` if there is none."""
+        name = actor_name(experiment_name, service_name)
+        if namespace is None:
+            namespace = ray.get_runtime_context().namespace
+        handle = ray.get_actor(name, namespace=namespace)
+        return cls(handle, ray.get(handle.config.remote()), name, namespace)
 
     # ------------------------------------------------------------------ per step
     def update_async(self, question_ids: Sequence[Hashable], alphas: Sequence[float], step: int) -> PendingUpdate:
@@ -196,7 +229,7 @@ class DifficultyService:
         """
         version, full, ids, values = ray.get(self.handle.changes_since.remote(self.table_version))
         if full:
-            table.values.fill_(float(self.config.d_init))
+            table.values.fill_(float(self.config["d_init"]))
         written = table.write_snapshot(dict(zip(ids, np.asarray(values).tolist(), strict=True)))
         self.table_version = version
         return written

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -93,14 +94,18 @@ class DifficultyTracker:
     """Difficulty of every question seen so far, and the rule that moves it.
 
     Args:
-        config: a :class:`~verl_ext.config.DifficultyConfig` (``None``: paper defaults).
+        config: a :class:`~verl_ext.config.DifficultyConfig`, or a mapping of its fields (``None``: paper defaults).
     """
 
-    def __init__(self, config: DifficultyConfig | None = None):
+    def __init__(self, config: DifficultyConfig | Mapping | None = None):
         if config is None:
             from verl_ext.config import DifficultyConfig
 
             config = DifficultyConfig()
+        elif not hasattr(config, "rule"):
+            # A plain mapping of DifficultyConfig's fields: what the Ray actor receives, so that its process
+            # need not import verl (seconds of start-up) just to read a dataclass.
+            config = SimpleNamespace(**config)
         self.config = config
         self._rule = make_update_rule(self.config)
         self._d_init = float(self.config.d_init)

@@ -1,0 +1,160 @@
+"""Atomic checksummed state files and the service's live base + journal store."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from verl_ext.difficulty import (
+    STATE_FILENAME,
+    DifficultyStateFileError,
+    DifficultyTracker,
+    checkpoint_state_path,
+    load_state,
+    save_state,
+)
+from verl_ext.difficulty.live_store import LiveStateStore
+
+
+def trained_tracker(steps=6, seed=0):
+    rng = np.random.default_rng(seed)
+    t = DifficultyTracker()
+    for step in range(steps):
+        ids = [f"q{i}" for i in rng.choice(40, 12, replace=False)] + [int(step)]
+        t.update(ids, rng.uniform(0, 1, 13), step)
+    return t
+
+
+def test_checkpoint_round_trip_is_exact(tmp_path):
+    t = trained_tracker()
+    folder = tmp_path / "global_step_6"
+    path = save_state(t.state_dict(), checkpoint_state_path(str(folder)))
+    assert path == str(folder / STATE_FILENAME)
+    assert [p.name for p in folder.iterdir()] == [STATE_FILENAME]  # no temp file left behind
+    u = DifficultyTracker()
+    u.load_state_dict(load_state(path))
+    assert u.snapshot() == t.snapshot()
+    assert all(u.state_of(q) == t.state_of(q) for q in t.snapshot())
+
+
+def test_save_replaces_atomically(tmp_path):
+    path = str(tmp_path / STATE_FILENAME)
+    save_state(trained_tracker(2).state_dict(), path)
+    t = trained_tracker(5, seed=1)
+    save_state(t.state_dict(), path)
+    assert load_state(path) == json.loads(json.dumps(t.state_dict()))
+
+
+def test_partial_file_fails_naming_the_file(tmp_path):
+    path = str(tmp_path / STATE_FILENAME)
+    save_state(trained_tracker().state_dict(), path)
+    raw = open(path, "rb").read()
+    open(path, "wb").write(raw[: len(raw) // 2])
+    with pytest.raises(DifficultyStateFileError, match="partial or corrupt") as err:
+        load_state(path)
+    assert path in str(err.value)
+
+
+def test_edited_file_fails_checksum_naming_the_file(tmp_path):
+    path = str(tmp_path / STATE_FILENAME)
+    save_state(trained_tracker().state_dict(), path)
+    data = json.load(open(path))
+    data["state"]["questions"]["difficulty"][0] = 5.0 if data["state"]["questions"]["difficulty"][0] != 5.0 else 6.0
+    json.dump(data, open(path, "w"))
+    with pytest.raises(DifficultyStateFileError, match="checksum") as err:
+        load_state(path)
+    assert path in str(err.value)
+
+
+def test_missing_file_is_an_error_not_a_reset(tmp_path):
+    with pytest.raises(FileNotFoundError, match=str(tmp_path)):
+        load_state(checkpoint_state_path(str(tmp_path)))
+
+
+def test_live_store_restores_base_plus_journal(tmp_path):
+    t = DifficultyTracker()
+    store = LiveStateStore(str(tmp_path))
+    rng = np.random.default_rng(4)
+    for step in range(8):
+        record = t.compute_update([f"q{i}" for i in range(step, step + 5)], rng.uniform(0, 1, 5), step, f"r{step}")
+        store.append(record)
+        t.apply(record)
+        if step == 3:
+            store.compact(t)
+    store.close()
+    u = DifficultyTracker()
+    assert LiveStateStore(str(tmp_path)).restore_into(u) == 4
+    assert u.state_dict()["questions"] == t.state_dict()["questions"]
+    assert u.is_applied("r7") and u.is_applied("r2")
+
+
+def test_live_store_skips_records_already_in_base(tmp_path):
+    # A crash after writing the base but before emptying the journal must not count updates twice.
+    t = DifficultyTracker()
+    store = LiveStateStore(str(tmp_path))
+    for step in range(3):
+        record = t.compute_update(["a"], [0.0], step)
+        store.append(record)
+        t.apply(record)
+    save_state(t.state_dict(), store.base_path)  # base written, journal still full
+    store.close()
+    u = DifficultyTracker()
+    LiveStateStore(str(tmp_path)).restore_into(u)
+    assert u.state_of("a")["updates"] == 3
+
+
+def test_torn_last_journal_line_is_dropped_and_cut(tmp_path):
+    t = DifficultyTracker()
+    store = LiveStateStore(str(tmp_path))
+    for step in range(3):
+        record = t.compute_update(["a", "b"], [0.0, 1.0], step)
+        store.append(record)
+        t.apply(record)
+    store.close()
+    with open(store.journal_path, "a") as f:
+        f.write('{"version": 4, "step": 3, "ids": ["a"')  # died mid-append
+    u = DifficultyTracker()
+    store2 = LiveStateStore(str(tmp_path))
+    store2.restore_into(u)
+    assert u.state_of("a")["updates"] == 3
+    # The next append lands on a clean line, so a later restore still works.
+    record = u.compute_update(["a"], [0.0], 4)
+    store2.append(record)
+    u.apply(record)
+    store2.close()
+    w = DifficultyTracker()
+    LiveStateStore(str(tmp_path)).restore_into(w)
+    assert w.state_of("a") == u.state_of("a")
+
+
+def test_corrupt_middle_journal_line_raises_naming_file_and_line(tmp_path):
+    t = DifficultyTracker()
+    store = LiveStateStore(str(tmp_path))
+    for step in range(3):
+        record = t.compute_update(["a"], [0.0], step)
+        store.append(record)
+        t.apply(record)
+    store.close()
+    lines = open(store.journal_path).read().split("\n")
+    lines[1] = "garbage"
+    open(store.journal_path, "w").write("\n".join(lines))
+    with pytest.raises(DifficultyStateFileError, match="line 2") as err:
+        LiveStateStore(str(tmp_path)).restore_into(DifficultyTracker())
+    assert os.path.join(str(tmp_path), "journal.jsonl") in str(err.value)
+
+
+def test_compaction_keeps_the_journal_short(tmp_path):
+    t = DifficultyTracker()
+    store = LiveStateStore(str(tmp_path), compact_factor=1.0)
+    for step in range(400):
+        record = t.compute_update([f"q{i}" for i in range(20)], [0.5] * 20, step)
+        store.append(record)
+        t.apply(record)
+        if store.needs_compaction(t):
+            store.compact(t)
+    store.close()
+    assert sum(1 for _ in open(store.journal_path)) < 4096 / 20 + 2
+    u = DifficultyTracker()
+    LiveStateStore(str(tmp_path)).restore_into(u)
+    assert u.state_of("q0")["updates"] == 400
