@@ -125,7 +125,7 @@ def test_text_band_adds_white_band_with_dark_text_and_keeps_the_picture(position
 
 def marker_centre(image, colour=(255, 0, 0)) -> tuple[float, float]:
     a = px(image)
-    mask = (np.abs(a - colour).max(axis=-1) < 60)
+    mask = np.abs(a - colour).max(axis=-1) < 60
     ys, xs = np.nonzero(mask)
     assert len(xs) > 10, "marker not found"
     return float(xs.mean()), float(ys.mean())
