@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import openai
 from openai import AsyncOpenAI
+from openai.types.chat import ChatCompletion
 
 from data_prep.errors import PrepError
 
@@ -64,6 +65,15 @@ class ChatReply:
     completion_tokens: int
 
 
+def _http_client():
+    """openai's aiohttp transport when aiohttp is installed (the client's documented option for high concurrency;
+    it spends less CPU per request than the default httpx pool), else None for the default."""
+    try:
+        return openai.DefaultAioHttpClient()
+    except RuntimeError:  # openai installed without its aiohttp extra
+        return None
+
+
 def _retry_after(exc: Exception) -> float | None:
     response = getattr(exc, "response", None)
     value = response.headers.get("retry-after") if response is not None else None
@@ -93,6 +103,7 @@ class ChatClient:
             base_url=base_url,
             max_retries=0,
             timeout=timeout,
+            http_client=_http_client(),
         )
         self._slots = asyncio.Semaphore(concurrency)
         self.stats: Counter[str] = Counter()  # requests, retries, prompt_tokens, completion_tokens, failures
@@ -106,8 +117,19 @@ class ChatClient:
                     raise self._refused
                 self.stats["requests"] += 1
                 try:
-                    response = await self._client.chat.completions.create(
-                        model=self.model, messages=messages, temperature=temperature, max_tokens=max_tokens
+                    # The client's generic POST (its documented route for raw bodies) sends our plain-dict body
+                    # as is: ``chat.completions.create`` first walks every message through its typed-dict
+                    # transform, which costs several ms of CPU per request and caps throughput at high concurrency.
+                    # Error mapping, auth and timeouts are the same.
+                    response = await self._client.post(
+                        "/chat/completions",
+                        cast_to=ChatCompletion,
+                        body={
+                            "model": self.model,
+                            "messages": messages,
+                            "temperature": temperature,
+                            "max_tokens": max_tokens,
+                        },
                     )
                 except FATAL_ERRORS as exc:
                     self._refused = EndpointUnusable(
