@@ -122,8 +122,9 @@ def test_checkpoint_save_and_resume_round_trip(tmp_path):
     resumed.update(["stale"], [0.0], 0)  # whatever it held before is replaced
     ids = list(src.snapshot())
     table = SharedDifficultyTable(ids + ["never_seen", "stale"], initial=5.0)
-    resumed.refresh(table)
-    resumed.load(str(step_folder), table=table)
+    resumed.attach_table(table)
+    assert table.read(table.row_of("stale")) == 7.0
+    resumed.load(str(step_folder))
     assert resumed.snapshot() == src.snapshot()
     assert all(resumed.state_of(q) == src.state_of(q) for q in ids)
     np.testing.assert_array_equal(table.values.numpy()[: len(ids)], [src.snapshot()[q] for q in ids])
@@ -161,11 +162,19 @@ def test_refresh_copies_only_changes_into_the_shared_table():
     service = DifficultyService.get_or_create("refresh")
     ids = [f"q{i}" for i in range(100)]
     table = SharedDifficultyTable(ids, initial=5.0)
-    assert service.refresh(table) == 0
-    service.update(ids[:40], [0.0] * 40, 1)
-    assert service.refresh(table) == 40
+    with pytest.raises(RuntimeError, match="attach_table"):
+        service.refresh()
+    service.update(ids[:10], [1.0] * 10, 0)  # before the table is attached
+    assert service.attach_table(table) == 10
+    service.update(ids[:40], [0.0] * 40, 1)  # the changes come back with the update
+    np.testing.assert_array_equal(table.values.numpy(), service.difficulties(ids))
     service.update(ids[30:50] + ["other_dataset"], [1.0] * 21, 2)
-    assert service.refresh(table) == 20
-    want = service.difficulties(ids)
-    np.testing.assert_array_equal(table.values.numpy(), want)
-    assert service.refresh(table) == 0
+    np.testing.assert_array_equal(table.values.numpy(), service.difficulties(ids))
+    assert service.refresh() == 0  # nothing left to copy
+    # Two overlapping async updates, collected out of order, leave the table right.
+    first = service.update_async(ids[60:70], [0.0] * 10, 3)
+    second = service.update_async(ids[65:80], [1.0] * 15, 4)
+    service.finish(second)
+    service.finish(first)
+    np.testing.assert_array_equal(table.values.numpy(), service.difficulties(ids))
+    assert service.refresh() == 0

@@ -2,9 +2,10 @@
 
 Who talks to it:
 
-- the trainer, once per step: ``pending = service.update_async(ids, alphas, step)`` right after the advantage
-  is computed, and ``service.finish(pending, table)`` when the metrics are needed (it also copies the changed
-  difficulties into the dataset's :class:`SharedDifficultyTable`);
+- the trainer: ``service.attach_table(table)`` once (the dataset's :class:`SharedDifficultyTable`, made before
+  the DataLoader workers start), then once per step ``pending = service.update_async(ids, alphas, step)`` right
+  after the advantage is computed and ``metrics = service.finish(pending)`` when the metrics are needed (the
+  reply also carries the changed difficulties, which ``finish`` copies into the table);
 - the trainer's checkpoint hooks: ``service.save(step_folder)`` / ``service.load(step_folder)``;
 - never the DataLoader workers: they read the shared table.
 
@@ -56,8 +57,17 @@ class DifficultyServiceActor:
         self.store = LiveStateStore(live_dir) if live_dir else None
         self.replayed = self.store.restore_into(self.tracker) if self.store else 0
 
-    def update(self, question_ids: list, alphas: np.ndarray, step: int, request_id: str | None = None) -> dict:
-        """Apply one step's update; returns ``{"version": int, "metrics": {...}}``."""
+    def update(
+        self,
+        question_ids: list,
+        alphas: np.ndarray,
+        step: int,
+        request_id: str | None = None,
+        changes_since: int | None = None,
+    ) -> dict:
+        """Apply one step's update; returns ``{"version": int, "metrics": {...}}``, plus ``"changes"``
+        (:meth:`DifficultyTracker.changes_since`) when ``changes_since`` is given: the table refresh rides on the
+        same round trip."""
         if not self.tracker.is_applied(request_id):
             record = self.tracker.compute_update(question_ids, alphas, step, request_id)
             if self.store is not None:
@@ -65,7 +75,10 @@ class DifficultyServiceActor:
             self.tracker.apply(record)
             if self.store is not None and self.store.needs_compaction(self.tracker):
                 self.store.compact(self.tracker)
-        return {"version": self.tracker.version, "metrics": self.tracker.metrics()}
+        result = {"version": self.tracker.version, "metrics": self.tracker.metrics()}
+        if changes_since is not None:
+            result["changes"] = self.tracker.changes_since(changes_since)
+        return result
 
     def changes_since(self, version: int) -> tuple[int, bool, list, np.ndarray]:
         return self.tracker.changes_since(version)
@@ -134,14 +147,20 @@ class PendingUpdate:
 
 
 class DifficultyService:
-    """Trainer-side handle on one experiment's difficulty actor (create with :meth:`get_or_create`)."""
+    """Trainer-side handle on one experiment's difficulty actor (create with :meth:`get_or_create`).
+
+    With a table attached (:meth:`attach_table`), every update also brings back the entries changed since the
+    table was last written, and :meth:`finish` copies them in: one round trip per step, ~512 entries, not the
+    whole ``{qid: D}`` map.
+    """
 
     def __init__(self, handle, config: dict, name: str, namespace: str | None):
         self.handle = handle
         self.config = config
         self.name = name
         self.namespace = namespace
-        # Version of the service state last copied into a shared table; -1: never (full copy next time).
+        self.table: SharedDifficultyTable | None = None
+        # Service version last copied into the table; -1: never (the next copy is a full one).
         self.table_version = -1
 
     @classmethod
@@ -192,9 +211,17 @@ class DifficultyService:
         return cls(handle, ray.get(handle.config.remote()), name, namespace)
 
     # ------------------------------------------------------------------ per step
+    def attach_table(self, table: SharedDifficultyTable) -> int:
+        """Keep ``table`` (the dataset's shared table, made before the DataLoader workers start) in sync from now
+        on; fills it with the service's current state. Returns the rows written."""
+        self.table = table
+        self.table_version = -1
+        return self.refresh()
+
     def update_async(self, question_ids: Sequence[Hashable], alphas: Sequence[float], step: int) -> PendingUpdate:
-        """Send one step's update and return at once. Input is checked here too, so a bad call fails in the
-        trainer with the argument named rather than later inside the actor."""
+        """Send one step's update and return at once. Lengths are checked here too, so the simplest mistake fails
+        in the trainer; the actor validates everything else (``ValueError`` naming the argument, raised by
+        :meth:`finish`)."""
         ids = list(question_ids)
         alpha = np.asarray(alphas, dtype=np.float64)
         if len(ids) != alpha.size:
@@ -202,35 +229,35 @@ class DifficultyService:
                 f"question_ids has {len(ids)} entries but alphas has {alpha.size}; give one alpha per question"
             )
         request_id = uuid.uuid4().hex
-        ref = self.handle.update.remote(ids, alpha, int(step), request_id)
+        since = self.table_version if self.table is not None else None
+        ref = self.handle.update.remote(ids, alpha, int(step), request_id, since)
         return PendingUpdate(ref, request_id, len(ids))
 
-    def finish(self, pending: PendingUpdate, table: SharedDifficultyTable | None = None) -> dict[str, float]:
-        """Wait for an update; refresh ``table`` if given; return the service metrics."""
+    def finish(self, pending: PendingUpdate) -> dict[str, float]:
+        """Wait for an update, copy its changes into the attached table, return the service metrics."""
         result = ray.get(pending.ref)
-        if table is not None:
-            self.refresh(table)
+        if self.table is not None and "changes" in result:
+            self._write_changes(*result["changes"])
         return result["metrics"]
 
-    def update(
-        self,
-        question_ids: Sequence[Hashable],
-        alphas: Sequence[float],
-        step: int,
-        table: SharedDifficultyTable | None = None,
-    ) -> dict[str, float]:
+    def update(self, question_ids: Sequence[Hashable], alphas: Sequence[float], step: int) -> dict[str, float]:
         """Blocking :meth:`update_async` + :meth:`finish`."""
-        return self.finish(self.update_async(question_ids, alphas, step), table)
+        return self.finish(self.update_async(question_ids, alphas, step))
 
-    def refresh(self, table: SharedDifficultyTable) -> int:
-        """Copy what changed since the last refresh into ``table`` (all of it the first time or after a load).
+    def refresh(self) -> int:
+        """Copy what changed since the last copy into the attached table (everything the first time or after a
+        load). Returns the number of table rows written."""
+        if self.table is None:
+            raise RuntimeError("no table attached: call attach_table(table) first")
+        return self._write_changes(*ray.get(self.handle.changes_since.remote(self.table_version)))
 
-        Returns the number of table rows written; ids not in the table (another dataset's) are skipped.
-        """
-        version, full, ids, values = ray.get(self.handle.changes_since.remote(self.table_version))
+    def _write_changes(self, version: int, full: bool, ids: list, values: np.ndarray) -> int:
+        if version <= self.table_version and not full:
+            return 0  # an older reply (of overlapping async updates): the table is already newer
         if full:
-            table.values.fill_(float(self.config["d_init"]))
-        written = table.write_snapshot(dict(zip(ids, np.asarray(values).tolist(), strict=True)))
+            self.table.values.fill_(float(self.config["d_init"]))
+        # Ids of another dataset (not rows of this table) are skipped by write_snapshot.
+        written = self.table.write_snapshot(dict(zip(ids, np.asarray(values).tolist(), strict=True)))
         self.table_version = version
         return written
 
@@ -251,11 +278,12 @@ class DifficultyService:
         """Write the state into a verl checkpoint step folder (``global_step_N``); returns the file path."""
         return ray.get(self.handle.save.remote(step_folder))
 
-    def load(self, step_folder: str, table: SharedDifficultyTable | None = None) -> None:
-        """Restore the state saved in ``step_folder``; a missing, partial or corrupt file raises naming it."""
+    def load(self, step_folder: str) -> None:
+        """Restore the state saved in ``step_folder`` (and the attached table); a missing, partial or corrupt file
+        raises naming it, and the state is left as it was."""
         ray.get(self.handle.load.remote(step_folder))
-        if table is not None:
-            self.refresh(table)
+        if self.table is not None:
+            self.refresh()
 
 
 __all__ = ["DifficultyService", "DifficultyServiceActor", "PendingUpdate", "actor_name"]
