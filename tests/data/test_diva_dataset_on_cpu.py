@@ -309,3 +309,16 @@ def test_extra_info_values_are_simple_and_params_replayable(parquet_files):
         assert np.array_equal(pixels(replayed), pixels(images_of(row)[0]))
         replayed_count += 1
     assert replayed_count >= 1
+
+
+def test_plugged_in_through_verl_create_rl_dataset(parquet_files):
+    """data.custom_cls.path=pkg://verl_ext.data.dataset, name=DivaDataset, as the recipe sets it."""
+    from verl.trainer.ppo.utils import create_rl_dataset
+
+    train, val, root = parquet_files
+    config = data_config([train], [val], root / "cache", variants_per_question=3)
+    config.custom_cls = {"path": "pkg://verl_ext.data.dataset", "name": "DivaDataset"}
+    train_ds = create_rl_dataset(config.train_files, config, None, PROCESSOR, is_train=True)
+    val_ds = create_rl_dataset(config.val_files, config, None, PROCESSOR, is_train=False)
+    assert type(train_ds) is DivaDataset and type(val_ds) is DivaDataset
+    assert (train_ds.split, len(train_ds), val_ds.split, len(val_ds)) == ("train", 24, "val", 3)
