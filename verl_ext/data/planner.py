@@ -348,7 +348,7 @@ def plan_released(
             # Question-in-image not allowed: same direction, three combined transforms (kept shift).
             fallback = f"{TEXT_IN_IMAGE}->{IMAGE_PERTURB}:{features.why_not(TEXT_IN_IMAGE)}"
             if features.why_not(IMAGE_PERTURB) is None:
-                plans.append(_with(plan, fallback=fallback, planner="released"))
+                plans.append(_with(plan, fallback=fallback, planner="released", extra={"table_shift": table_shift}))
                 continue
         kind, fallback = resolve_kind(planned, difficulty, mid, features)
         if kind != planned and not (planned == TEXT_IN_IMAGE and kind == IMAGE_PERTURB):
