@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from verl_ext.config import DifficultyConfig
-from verl_ext.difficulty import DifficultyTracker, question_alphas
+from verl_ext.difficulty import DifficultyTracker, per_response_values, question_alphas
 
 
 def reference_alphas(ids, values):
@@ -169,3 +169,15 @@ def test_request_id_makes_a_retry_a_no_op():
 def test_tracker_module_imports_no_ray():
     code = "import sys, verl_ext.difficulty.tracker; assert 'ray' not in sys.modules, 'ray imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_alpha_source_picks_accuracy_or_total_reward():
+    acc, reward = [1.0, 0.0, 1.0], [1.0, 0.1, 0.9]
+    ids = ["q", "q", "q"]
+    assert question_alphas(ids, per_response_values(acc, reward, "accuracy"))[1][0] == pytest.approx(2 / 3)
+    assert question_alphas(ids, per_response_values(acc, reward, "reward"))[1][0] == pytest.approx(2.0 / 3)
+    assert question_alphas(ids, per_response_values(acc, [0.9, 0.1, 0.9], "reward"))[1][0] == pytest.approx(1.9 / 3)
+    with pytest.raises(ValueError, match="alpha_source"):
+        per_response_values(acc, reward, "tokens")
+    with pytest.raises(ValueError, match="reward"):
+        per_response_values(acc, [1.0, 0.0, 1.3], "reward")

@@ -6,7 +6,7 @@ The Ray actor and its trainer-side client live in :mod:`.service`; DataLoader wo
 nor verl, so the service's actor process starts in well under a second.
 """
 
-from verl_ext.difficulty.alphas import question_alphas
+from verl_ext.difficulty.alphas import per_response_values, question_alphas
 from verl_ext.difficulty.persistence import (
     STATE_FILENAME,
     DifficultyStateFileError,
@@ -27,6 +27,7 @@ __all__ = [
     "continuous_update",
     "load_state",
     "make_update_rule",
+    "per_response_values",
     "question_alphas",
     "save_state",
 ]

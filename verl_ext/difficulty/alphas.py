@@ -59,3 +59,16 @@ def question_alphas(
     sums = np.bincount(group, weights=values, minlength=len(order))
     counts = np.bincount(group, minlength=len(order))
     return list(order), sums / np.maximum(counts, 1)
+
+
+def per_response_values(accuracy: Sequence[float], reward: Sequence[float], alpha_source: str) -> np.ndarray:
+    """The per-response values that ``diva.difficulty.alpha_source`` selects, shape ``(B,)``.
+
+    ``"accuracy"`` (paper): the 0/1 correctness the reward function reports as ``acc``; ``"reward"`` (released
+    code): the total score (0.9 acc + 0.1 format). Feed the result to :func:`question_alphas`.
+    """
+    if alpha_source == "accuracy":
+        return check_unit_interval(accuracy, "accuracy")
+    if alpha_source == "reward":
+        return check_unit_interval(reward, "reward")
+    raise ValueError(f"alpha_source must be 'accuracy' or 'reward', got {alpha_source!r}")
