@@ -24,6 +24,7 @@ setup(
         "pillow>=10.1",
         "numpy>=2.0",
         "openai>=1.40",
+        "aiohttp",
         "math-verify>=0.7",
         "tqdm",
         "omegaconf",
