@@ -187,6 +187,15 @@ def test_plain_setting_is_verls_grpo(dtype):
         torch.testing.assert_close(ours, vectorized.to(dtype), rtol=1e-4, atol=1e-4)  # verl computes it in float32
 
 
+def test_ids_group_as_verls_dict_does():
+    """Mixed id types are fine; 1 and 1.0 are one group, "1" another (verl groups with a dict)."""
+    rewards = torch.tensor([[0.0], [1.0], [0.5], [0.2], [0.9]])
+    prompts = np.array([1, 1.0, "1", "1", "x"], dtype=object)
+    ours, _ = compute_diva_advantage(rewards, torch.ones(5, 1), prompts, ["q"] * 5, [5.0] * 5, **PLAIN)
+    verl_adv, _ = compute_grpo_outcome_advantage(rewards, torch.ones(5, 1), index=prompts)
+    torch.testing.assert_close(ours, verl_adv)
+
+
 def test_plain_setting_with_integer_ids_and_lists():
     rewards = torch.tensor([[0.0, 1.0], [0.0, 0.5], [0.2, 0.0], [1.0, 0.0], [0.0, 0.3]])
     mask = torch.tensor([[1, 1], [1, 1], [1, 0], [1, 1], [0, 1]])
@@ -269,7 +278,9 @@ def _good_inputs():
         (dict(response_mask=torch.tensor([[1.0, float("nan")], [1, 1], [1, 1], [1, 1]])), "response_mask"),
         (dict(response_mask=[[1, 1]] * 4), "response_mask"),
         (dict(prompt_index=np.array(["a", "a", "b"], dtype=object)), "prompt_index"),
-        (dict(prompt_index=np.array(["a", 1, "b", "b"], dtype=object)), "prompt_index"),
+        (dict(prompt_index=np.array(["a", None, "b", "b"], dtype=object)), "prompt_index is missing"),
+        (dict(question_index=[np.nan, "q", "q", "q"]), "question_index is missing"),
+        (dict(prompt_index=np.array([["a", "a", "b", "b"]], dtype=object)), "prompt_index"),
         (dict(question_index=["q", "q", "q"]), "question_index"),
         (dict(question_index=["q", "r", "q", "q"]), "prompt_index groups must each lie in one question_index"),
         (dict(difficulty=torch.tensor([4.0, 4.0, 6.0])), "difficulty"),

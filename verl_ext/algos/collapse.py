@@ -40,7 +40,6 @@ def advantage_collapse_rate(scores: Any, index: Any) -> float:
         raise ValueError("scores is empty: the collapse rate of no groups is undefined")
     if not bool(torch.isfinite(values).all()):
         raise ValueError("scores must be finite")
-    group_of = dense_group_ids(index, "index", values.numel(), values.device)
-    num_groups = int(group_of.max()) + 1
+    group_of, num_groups = dense_group_ids(index, "index", values.numel(), values.device)
     spread = group_range(values, group_of, num_groups)
     return float((spread == 0).to(torch.float64).mean())

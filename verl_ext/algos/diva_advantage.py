@@ -67,7 +67,8 @@ def compute_diva_advantage(
 
     Args:
         token_level_rewards: ``(B, T)`` float tensor; its dtype is the output dtype.
-        response_mask: ``(B, T)`` tensor of 0/1 (bool, integer or float; verl's V1 trainer builds int64).
+        response_mask: ``(B, T)`` tensor of 0/1: bool, integer (verl's trainers pass int64) or float. Checked
+            exactly; a float mask costs two more reads for that check than an integer or bool one.
         prompt_index: ``B`` hashable ids of the prompt each response answers (verl's ``uid``).
         question_index: ``B`` hashable ids of the question behind that prompt (original and variants
             share it). Every prompt group must lie inside one question group.
@@ -99,10 +100,8 @@ def compute_diva_advantage(
     _check_finite(scores, "token_level_rewards: every row sum must be finite")
     d = _difficulty_tensor(difficulty, batch_size, device)
 
-    prompt_of = dense_group_ids(prompt_index, "prompt_index", batch_size, device)
-    question_of = dense_group_ids(question_index, "question_index", batch_size, device)
-    num_prompts = int(prompt_of.max()) + 1 if batch_size else 0
-    num_questions = int(question_of.max()) + 1 if batch_size else 0
+    prompt_of, num_prompts = dense_group_ids(prompt_index, "prompt_index", batch_size, device)
+    question_of, num_questions = dense_group_ids(question_index, "question_index", batch_size, device)
     _check_prompts_nest_in_questions(prompt_of, question_of, num_prompts)
 
     per_response = torch.zeros(batch_size, dtype=_STAT_DTYPE, device=device)
@@ -128,9 +127,7 @@ def compute_diva_advantage(
         per_response += global_coef * global_
     _check_finite(per_response, f"advantages overflowed (k={k}, local_coef={local_coef}, global_coef={global_coef})")
 
-    # The one O(B*T) write: a single fused broadcast multiply into the output, no mask.to(dtype) copy.
-    advantages = torch.empty_like(token_level_rewards)
-    torch.mul(per_response.to(advantages.dtype).unsqueeze(-1), response_mask, out=advantages)
+    advantages = _broadcast_over_mask(per_response.to(token_level_rewards.dtype), response_mask)
     return advantages, advantages
 
 
@@ -152,24 +149,47 @@ def _check_rewards_and_mask(token_level_rewards: Any, response_mask: Any) -> Non
         raise ValueError(
             f"response_mask is on {response_mask.device} but token_level_rewards on {token_level_rewards.device}"
         )
-    if not _is_zero_one(response_mask):
-        bad = ~((response_mask == 0) | (response_mask == 1))
-        row = int(bad.any(dim=-1).nonzero()[0, 0])
-        value = response_mask[row][bad[row]][0].item()
-        raise ValueError(f"response_mask must hold only 0 and 1; row {row} holds {value}")
 
 
-def _is_zero_one(mask: torch.Tensor) -> bool:
-    """Whether every entry of ``mask`` is 0 or 1, in as few read passes as the dtype allows."""
-    if mask.dtype == torch.bool or mask.numel() == 0:
+def _broadcast_over_mask(per_response: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """``(B, T)`` output ``per_response[:, None] * response_mask`` in ``per_response.dtype``, checking that
+    the mask holds only 0 and 1. This is the one O(B*T) write; it reads the mask as few times as its dtype allows:
+
+    - bool / integer mask: torch's mixed-dtype multiply is slow (it converts element by element), so the mask
+      is converted straight into the output buffer, range-checked there (an integer in [0, 1] is 0 or 1; the
+      float copy is half the bytes of int64), then scaled in place. No temporary beyond the output.
+    - floating mask: one fused multiply into the output, after an exact 0/1 check on the mask (range, then
+      "the nonzero entries are exactly the entries equal to 1"), which costs two extra reads of the mask.
+    """
+    advantages = torch.empty(response_mask.shape, dtype=per_response.dtype, device=per_response.device)
+    if response_mask.is_floating_point():
+        if not _is_zero_one(response_mask):
+            _raise_bad_mask(response_mask)
+        return torch.mul(per_response.unsqueeze(-1), response_mask, out=advantages)
+    advantages.copy_(response_mask)
+    if response_mask.dtype != torch.bool and not _is_zero_one(advantages, integer_valued=True):
+        _raise_bad_mask(response_mask)
+    return advantages.mul_(per_response.unsqueeze(-1))
+
+
+def _is_zero_one(mask: torch.Tensor, integer_valued: bool = False) -> bool:
+    """Whether every entry of ``mask`` is 0 or 1; ``integer_valued``: its entries are known to be integers."""
+    if mask.numel() == 0:
         return True
-    low, high = torch.aminmax(mask)
+    low, high = torch.aminmax(mask)  # NaN makes both comparisons below false
     if not (bool(low >= 0) and bool(high <= 1)):
         return False
-    if not mask.is_floating_point():
+    if integer_valued or not mask.is_floating_point():
         return True  # an integer in [0, 1] is 0 or 1
-    # A float in [0, 1] could be 0.5: it is 0/1 iff the nonzero entries are exactly the entries equal to 1.
+    # Values in [0, 1]: 0/1 iff every nonzero entry equals 1 (counting, since sums of floats round).
     return bool(torch.count_nonzero(mask) == torch.count_nonzero(mask.eq(1)))
+
+
+def _raise_bad_mask(response_mask: torch.Tensor) -> None:
+    bad = ~((response_mask == 0) | (response_mask == 1))
+    row = int(bad.any(dim=-1).nonzero()[0, 0])
+    value = response_mask[row][bad[row]][0].item()
+    raise ValueError(f"response_mask must hold only 0 and 1; row {row} holds {value}")
 
 
 def _check_finite(values: torch.Tensor, what: str) -> None:

@@ -2,8 +2,8 @@
 
 Groups are given as a dense id per response, ``group_of: (B,) int64 tensor`` with values ``0..G-1``
 (:func:`dense_group_ids` builds it from verl-style id arrays). Every function here is O(B) work done
-by a handful of ``bincount`` / ``index_add_`` / ``scatter_reduce_`` calls: no Python loop over
-responses or groups.
+by a handful of ``pandas.factorize`` / ``bincount`` / ``index_add_`` / ``scatter_reduce_`` calls: no
+Python loop over responses or groups.
 """
 
 from __future__ import annotations
@@ -11,32 +11,32 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 
 
-def dense_group_ids(ids: Any, name: str, batch_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
+def dense_group_ids(
+    ids: Any, name: str, batch_size: int, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, int]:
     """Map hashable ids (verl's ``uid`` object array, a list, an int array) to dense group ids.
 
-    Returns ``(B,) int64`` on ``device`` with values ``0..G-1``; equal ids share a group id.
-    ``name`` is the argument name used in error messages.
+    Returns ``(group_of, G)``: ``group_of`` is ``(B,) int64`` on ``device`` with values ``0..G-1``, numbered by
+    first appearance. Ids group by
+    Python equality, as verl's GRPO groups them in a dict (``1 == 1.0``, ``"1" != 1``); hashing, not
+    sorting, so mixed id types are fine. ``name`` is the argument name used in error messages.
     """
     if isinstance(ids, torch.Tensor):
         ids = ids.detach().cpu().numpy()
-    ids = np.asarray(ids, dtype=object) if not isinstance(ids, np.ndarray) else ids
+    ids = ids if isinstance(ids, np.ndarray) else np.asarray(ids, dtype=object)
     if ids.ndim != 1 or ids.shape[0] != batch_size:
         raise ValueError(
             f"{name} must be a 1-D sequence with one id per response ({batch_size}), got shape {ids.shape}"
         )
-    try:
-        # np.unique sorts, so ids must be mutually orderable (all str or all numbers, as verl passes them).
-        _, inverse = np.unique(ids, return_inverse=True)
-    except TypeError as err:
-        kinds = sorted({type(v).__name__ for v in ids.tolist()})
-        raise ValueError(
-            f"{name} mixes id types that cannot be compared ({', '.join(kinds)}); "
-            "pass ids of one type (all str or all int)"
-        ) from err
-    return torch.from_numpy(inverse.reshape(-1).astype(np.int64, copy=False)).to(device)
+    codes, uniques = pd.factorize(ids)
+    if batch_size and codes.min() < 0:
+        row = int(np.flatnonzero(codes < 0)[0])
+        raise ValueError(f"{name} is missing for response {row} ({ids[row]!r}); every response needs an id")
+    return torch.from_numpy(codes.astype(np.int64, copy=False)).to(device), len(uniques)
 
 
 def group_count(group_of: torch.Tensor, num_groups: int, dtype: torch.dtype) -> torch.Tensor:
