@@ -23,6 +23,8 @@ mean 0, std 1). Batch normalisation uses the unbiased std over the B responses (
 response, not per token; the released code's per-token version scales with response length); a
 stream that is constant over the batch becomes 0. A group of several equal rewards gets a z-score of
 exactly 0 (verl leaves rounding noise there), so batch normalisation cannot amplify that noise.
+With RRB on, a group of one (range 0) contributes 0 to its stream. The O(B) statistics run in float64
+(scores are summed in the input dtype, as verl does); the output has ``token_level_rewards.dtype``.
 
 With ``k=0, global_coef=0, batch_norm=False, rrb=False`` this is verl's GRPO with ``index=prompt_index``.
 """
