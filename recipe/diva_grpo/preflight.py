@@ -1,0 +1,221 @@
+"""CPU preflight: everything a DIVA-GRPO run does before the GPUs matter, in about a minute.
+
+Run it with ``DRY_RUN=1 bash run_scripts/qwen25vl7b_diva.sh`` (the same ``ray job submit`` path as a real
+run). It checks, in order, and stops at the first failure with the reason:
+
+1. the composed config validates (DIVA knobs, batch-size rules, verl's own checks);
+2. the data loads (``diva-prep synth`` data is generated when the configured files are absent);
+3. the first training batch holds each question's original and variants, with images perturbed and as
+   many ``<image>`` placeholders as images;
+4. the reward function gives full marks to gold answers;
+5. the difficulty service starts, and the real DIVA trainer runs steps on simulated rollouts
+   (:mod:`recipe.diva_grpo.simulation`): advantage, difficulty update, shared-table refresh, metrics;
+6. a checkpoint is saved, a second trainer resumes from it with exactly the same difficulty state and
+   sampler position, and trains one more step.
+
+The model is not loaded: the rollout and the FSDP workers are the only stand-ins.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections import Counter
+from copy import deepcopy
+
+import ray
+from omegaconf import DictConfig, OmegaConf, open_dict
+from verl.trainer.ppo.utils import need_critic, need_reference_policy
+from verl.utils.config import validate_config
+
+from verl_ext.config import diva_config_from
+
+PREFLIGHT_QUESTIONS_PER_STEP = 4
+PREFLIGHT_STEPS = 3
+
+
+class PreflightError(RuntimeError):
+    """A preflight check failed; the message says which and what to do."""
+
+
+def _log(msg: str) -> None:
+    print(f"[preflight] {msg}", flush=True)
+
+
+def _ensure_data(config: DictConfig, workdir: str) -> tuple[str, str]:
+    train, val = str(config.data.train_files), str(config.data.val_files)
+    if os.path.exists(train) and os.path.exists(val):
+        return train, val
+    from data_prep.synth import synth
+
+    _log(f"data files {train!r} / {val!r} not found: writing a synthetic set into {workdir}")
+    train = os.path.join(workdir, "synth_train.parquet")
+    val = os.path.join(workdir, "synth_val.parquet")
+    synth(train, 48, seed=0, split="train")
+    synth(val, 8, seed=1, split="test")
+    return train, val
+
+
+def preflight_config(config: DictConfig, workdir: str) -> DictConfig:
+    """The user's config, shrunk to CPU size: same DIVA knobs and algorithm, few prompts, no model."""
+    cfg = deepcopy(config)
+    group = 1 + diva_config_from(cfg.diva).variants.variants_per_question
+    train, val = _ensure_data(cfg, workdir)
+    with open_dict(cfg):
+        cfg.data.train_files = train
+        cfg.data.val_files = val
+        cfg.data.train_batch_size = PREFLIGHT_QUESTIONS_PER_STEP * group
+        cfg.data.gen_batch_size = None
+        cfg.data.dataloader_num_workers = 2
+        # No processor without the model: prompt lengths are not measured here.
+        cfg.data.filter_overlong_prompts = False
+        cfg.actor_rollout_ref.actor.ppo_mini_batch_size = cfg.data.train_batch_size
+        cfg.trainer.total_training_steps = PREFLIGHT_STEPS
+        cfg.trainer.total_epochs = 1
+        cfg.trainer.save_freq = PREFLIGHT_STEPS - 1
+        cfg.trainer.test_freq = -1
+        cfg.trainer.val_before_train = False
+        cfg.trainer.resume_mode = "auto"
+        cfg.trainer.default_local_dir = os.path.join(workdir, "checkpoints")
+        cfg.trainer.logger = ["file"]
+        cfg.transfer_queue.enable = True
+    return cfg
+
+
+def check_first_batch(trainer) -> dict:
+    """Whole question groups, variants present, placeholders equal images.
+
+    Reads through a loader of its own (same dataset, same sampler kind) so the trainer's loader state is untouched.
+    """
+    from torch.utils.data import DataLoader
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from verl_ext.data.sampler import QuestionBlockSampler
+
+    sampler = QuestionBlockSampler(trainer.train_dataset, shuffle=True, seed=0)
+    loader = DataLoader(
+        trainer.train_dataset, batch_size=trainer.config.data.train_batch_size, sampler=sampler, collate_fn=collate_fn
+    )
+    batch = next(iter(loader))
+    infos = list(batch["extra_info"])
+    kinds = [info["variant_kind"] for info in infos]
+    qids = [info["question_id"] for info in infos]
+    group = 1 + trainer.diva.variants.variants_per_question
+    for start in range(0, len(qids), group):
+        block = qids[start : start + group]
+        if len(set(block)) != 1:
+            raise PreflightError(f"question group split in the first batch: rows {start}..{start + group - 1} {block}")
+    for i, messages in enumerate(batch["raw_prompt"]):
+        images = sum(
+            1
+            for m in messages
+            for c in (m["content"] if isinstance(m["content"], list) else [])
+            if c.get("type") == "image"
+        )
+        text = "".join(
+            c.get("text", "") for m in messages for c in (m["content"] if isinstance(m["content"], list) else [])
+        )
+        if "<image>" in text:
+            raise PreflightError(f"row {i} ({qids[i]}): an <image> placeholder was not matched to an image")
+        if images == 0:
+            raise PreflightError(f"row {i} ({qids[i]}): no image in the prompt")
+    return {
+        "prompts": len(qids),
+        "questions": len(set(qids)),
+        "kinds": dict(Counter(kinds)),
+    }
+
+
+def check_reward_on_gold(dataset, reward_fn, rows: int = 8) -> int:
+    frame = dataset.dataframe
+    for i in range(min(rows, len(frame))):
+        row = frame[i]
+        gt = str(row["reward_model"]["ground_truth"])
+        result = reward_fn(row["data_source"], f"<think>reasoning</think> so the answer is \\boxed{{{gt}}}", gt, {})
+        if result["score"] < 0.999:
+            raise PreflightError(
+                f"the reward function scores the gold answer of row {i} ({gt!r}) {result['score']:.3f}, not 1.0: "
+                "check reward.custom_reward_function and the ground_truth format"
+            )
+    return min(rows, len(frame))
+
+
+def _read_metrics(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def run_preflight(config: DictConfig) -> dict:
+    """Run all checks; returns the summary (also printed). Raises :class:`PreflightError` on failure."""
+    import transfer_queue as tq
+    from verl.utils.import_utils import load_extern_object
+
+    import recipe.diva_grpo.trainer  # noqa: F401  (registers the trainer)
+    from recipe.diva_grpo.simulation import SimulatedAgentLoopManager, build_simulated_trainer
+    from recipe.diva_grpo.trainer import DivaTrainer
+
+    started = time.perf_counter()
+    workdir = os.environ.get("DIVA_PREFLIGHT_DIR") or tempfile.mkdtemp(prefix="diva_preflight_")
+    os.makedirs(workdir, exist_ok=True)
+    _log(f"work folder {workdir}")
+
+    # 1. config
+    diva_config_from(config.diva)
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    cfg = preflight_config(config, workdir)
+    OmegaConf.resolve(cfg)
+    _log(
+        f"config OK: adv_estimator={cfg.algorithm.adv_estimator}, trainer_mode={cfg.trainer.v1.trainer_mode}, "
+        f"variants_per_question={cfg.diva.variants.variants_per_question}, rollout.n={cfg.actor_rollout_ref.rollout.n}"
+    )
+
+    if not ray.is_initialized():
+        ray.init(namespace=f"diva_preflight_{os.getpid()}")
+    tq.init(cfg.transfer_queue)
+    reward_fn = load_extern_object(cfg.reward.custom_reward_function.path, cfg.reward.custom_reward_function.name)
+    try:
+        # 2-3. data and first batch
+        trainer = build_simulated_trainer(DivaTrainer, cfg)
+        first = check_first_batch(trainer)
+        _log(f"data OK: {len(trainer.train_dataset)} train prompts; first batch {first}")
+        # 4. reward
+        checked = check_reward_on_gold(trainer.train_dataset, reward_fn)
+        _log(f"reward OK: gold answers of {checked} rows score 1.0")
+        # 5. steps on simulated rollouts, checkpoint at step PREFLIGHT_STEPS - 1
+        trainer.total_training_steps = PREFLIGHT_STEPS - 1
+        # verl's file logger truncates its file when it opens: one file per trainer.
+        os.environ["VERL_FILE_LOGGER_PATH"] = os.path.join(workdir, "metrics_before_resume.jsonl")
+        trainer.fit(SimulatedAgentLoopManager(reward_fn, n=cfg.actor_rollout_ref.rollout.n))
+        saved = trainer.difficulty.snapshot()
+        if not saved:
+            raise PreflightError("the difficulty service holds no question after training steps")
+        # A resumed run starts a new service actor: the state must come from the checkpoint, not from memory.
+        ray.kill(trainer.difficulty.handle, no_restart=True)
+        # 6. resume from the checkpoint in a fresh trainer and train one more step
+        resumed = build_simulated_trainer(DivaTrainer, cfg)
+        if resumed.global_steps != PREFLIGHT_STEPS - 1:
+            raise PreflightError(f"resume found step {resumed.global_steps}, expected {PREFLIGHT_STEPS - 1}")
+        if resumed.difficulty.snapshot() != saved:
+            raise PreflightError("the difficulty state after resume differs from the one saved with the checkpoint")
+        os.environ["VERL_FILE_LOGGER_PATH"] = os.path.join(workdir, "metrics_after_resume.jsonl")
+        resumed.fit(SimulatedAgentLoopManager(reward_fn, n=cfg.actor_rollout_ref.rollout.n))
+    finally:
+        tq.close()
+
+    logged = _read_metrics(os.path.join(workdir, "metrics_before_resume.jsonl"))
+    logged += _read_metrics(os.path.join(workdir, "metrics_after_resume.jsonl"))
+    last = logged[-1]["data"] if logged else {}
+    summary = {
+        "steps": [entry["step"] for entry in logged],
+        "questions_tracked": len(resumed.difficulty.snapshot()),
+        "difficulty_mean": last.get("diva/difficulty/mean"),
+        "collapse_rate_local": last.get("diva/collapse_rate/local"),
+        "collapse_rate_global": last.get("diva/collapse_rate/global"),
+        "checkpoint": os.path.join(cfg.trainer.default_local_dir, f"global_step_{PREFLIGHT_STEPS - 1}"),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    _log("summary " + json.dumps(summary, default=str))
+    _log("PASSED: config, data, variants, reward, difficulty service, DIVA steps, checkpoint and resume")
+    return summary

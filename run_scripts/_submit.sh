@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Shared by the launchers: submit `python -m recipe.diva_grpo.main_diva "$@"` as a Ray job.
+#   RAY_ADDRESS set   -> submit to that cluster (the dashboard address, e.g. http://head:8265).
+#   RAY_ADDRESS unset -> start a Ray head bound to 127.0.0.1, submit to it, stop it afterwards.
+# DRY_RUN=1 runs the CPU preflight through the same path. Without it, a machine with no GPU and no
+# RAY_ADDRESS fails at once and names the preflight.
+set -euo pipefail
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$REPO_ROOT"
+
+if [ "${DRY_RUN:-0}" != "1" ] && [ -z "${RAY_ADDRESS:-}" ]; then
+  if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
+    echo "error: no NVIDIA GPU found on this machine and RAY_ADDRESS is not set." >&2
+    echo "DIVA-GRPO training needs GPUs (rollout runs on vLLM). Either set RAY_ADDRESS to a GPU cluster's" >&2
+    echo "dashboard address, or check everything else on this CPU machine with the preflight:" >&2
+    echo "    DRY_RUN=1 bash $0" >&2
+    exit 2
+  fi
+fi
+
+if ! command -v ray >/dev/null 2>&1; then
+  echo "error: the 'ray' command is not on PATH; install the project first: pip install -e ." >&2
+  exit 2
+fi
+
+HEAD_PID=""
+cleanup() {
+  if [ -n "$HEAD_PID" ]; then
+    kill "$HEAD_PID" 2>/dev/null || true
+    wait "$HEAD_PID" 2>/dev/null || true
+  fi
+}
+trap cleanup EXIT
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+if [ -z "${RAY_ADDRESS:-}" ]; then
+  GCS_PORT="$(free_port)"
+  DASH_PORT="$(free_port)"
+  RAY_TMP="$(mktemp -d /tmp/diva_ray_XXXXXX)"
+  echo "[diva] starting a local Ray head on 127.0.0.1 (gcs :$GCS_PORT, dashboard :$DASH_PORT)"
+  # --block keeps `ray start` in the foreground of this background job: killing it stops this head only.
+  ray start --head --block --node-ip-address=127.0.0.1 --port="$GCS_PORT" \
+    --dashboard-host=127.0.0.1 --dashboard-port="$DASH_PORT" --include-dashboard=true \
+    --num-cpus="${RAY_NUM_CPUS:-16}" --temp-dir="$RAY_TMP" --disable-usage-stats >"$RAY_TMP/head.log" 2>&1 &
+  HEAD_PID=$!
+  export RAY_ADDRESS="http://127.0.0.1:$DASH_PORT"
+  for _ in $(seq 1 120); do
+    if ray job list --address "$RAY_ADDRESS" >/dev/null 2>&1; then break; fi
+    if ! kill -0 "$HEAD_PID" 2>/dev/null; then echo "error: Ray head failed to start; see $RAY_TMP/head.log" >&2; exit 1; fi
+    sleep 1
+  done
+fi
+
+echo "[diva] submitting to $RAY_ADDRESS: python -m recipe.diva_grpo.main_diva $*"
+ray job submit --address "$RAY_ADDRESS" --runtime-env recipe/diva_grpo/runtime_env.yaml \
+  -- python -m recipe.diva_grpo.main_diva "$@"
