@@ -27,6 +27,8 @@ from transfer_queue import KVBatchMeta
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
+from verl_ext.transfer_queue_fields import non_tensor_list
+
 
 def byte_tokenizer():
     """A model-free byte-level tokenizer (256 byte tokens + pad/eos) built locally: no hub needed."""
@@ -192,18 +194,18 @@ class SimulatedActorWorkerGroup:
         return batch
 
     def update_actor(self, batch: KVBatchMeta) -> dict:
-        data = tq.kv_batch_get(
-            keys=batch.keys, partition_id=batch.partition_id, select_fields=["advantages", "response_mask"]
-        )
+        fields = ["advantages", "response_mask", "rm_scores", "uid", "extra_info", "extra_fields"]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        record = {name: non_tensor_list(data.pop(name)) for name in ("uid", "extra_info", "extra_fields")}
         padded = data.to_padded_tensor()
-        self.updates.append(
-            {
-                "keys": list(batch.keys),
-                "tags": list(batch.tags),
-                "advantages": padded["advantages"].clone(),
-                "response_mask": padded["response_mask"].clone(),
-            }
+        record.update(
+            keys=list(batch.keys),
+            tags=list(batch.tags),
+            advantages=padded["advantages"].clone(),
+            response_mask=padded["response_mask"].clone(),
+            rm_scores=padded["rm_scores"].clone(),
         )
+        self.updates.append(record)
         return {"metrics": {"mfu": 0.0, "pg_loss": 0.0}}
 
     def save_checkpoint(self, local_path, remote_path=None, global_step=0, max_ckpt_to_keep=None):

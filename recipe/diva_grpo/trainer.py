@@ -44,17 +44,12 @@ from verl_ext.data.sampler import QuestionBlockSampler, check_batch_size
 from verl_ext.difficulty.alphas import per_response_values, question_alphas
 from verl_ext.difficulty.service import DifficultyService, PendingUpdate
 from verl_ext.plugin import ADV_ESTIMATOR_NAME, check_registered
+from verl_ext.transfer_queue_fields import non_tensor_list
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
 TRAINER_NAME = "diva_grpo"
-
-
-def _non_tensor_list(value) -> list:
-    """A TransferQueue non-tensor field (NonTensorStack, LinkedList or ndarray) as a plain list."""
-    items = value.tolist() if hasattr(value, "tolist") else list(value)
-    return [getattr(item, "data", item) for item in items]
 
 
 @register_trainer(TRAINER_NAME)
@@ -165,9 +160,9 @@ class DivaTrainer(PPOTrainerSync):
         fields += ["extra_info", "extra_fields"]
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         response_mask = data["response_mask"]
-        extra_info = _non_tensor_list(data.pop("extra_info"))
-        extra_fields = _non_tensor_list(data.pop("extra_fields"))
-        uids = np.array(_non_tensor_list(data.pop("uid")), dtype=object)
+        extra_info = non_tensor_list(data.pop("extra_info"))
+        extra_fields = non_tensor_list(data.pop("extra_fields"))
+        uids = np.array(non_tensor_list(data.pop("uid")), dtype=object)
 
         self._check_single_turn(batch.keys)
         data = DataProto(batch=data.to_padded_tensor())
