@@ -8,12 +8,18 @@ set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
 
+# DIVA_PRINT_ONLY=1: print the Hydra overrides, one per line, and stop (to inspect or test a launcher).
+if [ "${DIVA_PRINT_ONLY:-0}" = "1" ]; then
+  printf '%s\n' "$@"
+  exit 0
+fi
+
 if [ "${DRY_RUN:-0}" != "1" ] && [ -z "${RAY_ADDRESS:-}" ]; then
   if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
     echo "error: no NVIDIA GPU found on this machine and RAY_ADDRESS is not set." >&2
     echo "DIVA-GRPO training needs GPUs (rollout runs on vLLM). Either set RAY_ADDRESS to a GPU cluster's" >&2
     echo "dashboard address, or check everything else on this CPU machine with the preflight:" >&2
-    echo "    DRY_RUN=1 bash $0" >&2
+    echo "    DRY_RUN=1 bash ${DIVA_LAUNCHER:-run_scripts/qwen25vl7b_diva.sh}" >&2
     exit 2
   fi
 fi
@@ -38,6 +44,11 @@ if [ -z "${RAY_ADDRESS:-}" ]; then
   GCS_PORT="$(free_port)"
   DASH_PORT="$(free_port)"
   RAY_TMP="$(mktemp -d /tmp/diva_ray_XXXXXX)"
+  # Ray >= 2.5x turns on token authentication for new local clusters: give this head its own random token
+  # (never written to disk or logs); `ray job submit` and the job's processes read it from the environment.
+  export RAY_AUTH_MODE=token
+  RAY_AUTH_TOKEN="$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
+  export RAY_AUTH_TOKEN
   echo "[diva] starting a local Ray head on 127.0.0.1 (gcs :$GCS_PORT, dashboard :$DASH_PORT)"
   # --block keeps `ray start` in the foreground of this background job: killing it stops this head only.
   ray start --head --block --node-ip-address=127.0.0.1 --port="$GCS_PORT" \
@@ -45,9 +56,13 @@ if [ -z "${RAY_ADDRESS:-}" ]; then
     --num-cpus="${RAY_NUM_CPUS:-16}" --temp-dir="$RAY_TMP" --disable-usage-stats >"$RAY_TMP/head.log" 2>&1 &
   HEAD_PID=$!
   export RAY_ADDRESS="http://127.0.0.1:$DASH_PORT"
-  for _ in $(seq 1 120); do
-    if ray job list --address "$RAY_ADDRESS" >/dev/null 2>&1; then break; fi
-    if ! kill -0 "$HEAD_PID" 2>/dev/null; then echo "error: Ray head failed to start; see $RAY_TMP/head.log" >&2; exit 1; fi
+  deadline=$((SECONDS + 120))
+  until ray job list --address "$RAY_ADDRESS" >"$RAY_TMP/probe.log" 2>&1; do
+    if ! kill -0 "$HEAD_PID" 2>/dev/null || [ "$SECONDS" -ge "$deadline" ]; then
+      echo "error: the local Ray head did not come up; see $RAY_TMP/head.log and $RAY_TMP/probe.log" >&2
+      tail -n 5 "$RAY_TMP/probe.log" >&2 || true
+      exit 1
+    fi
     sleep 1
   done
 fi

@@ -76,4 +76,5 @@ if [ "${DRY_RUN:-0}" = "1" ]; then
   ARGS+=(diva.dry_run=true)
 fi
 
+export DIVA_LAUNCHER="${DIVA_LAUNCHER:-$0}"
 exec bash "$(dirname "${BASH_SOURCE[0]}")/_submit.sh" "${ARGS[@]}" "$@"

@@ -7,6 +7,8 @@ preflight (:mod:`recipe.diva_grpo.preflight`) instead of training.
 
 from __future__ import annotations
 
+import os
+
 import hydra
 import ray
 from omegaconf import DictConfig
@@ -28,15 +30,19 @@ class DivaTaskRunner(TaskRunnerV1.__ray_actor_class__):
         return super().run(config)
 
 
-def require_gpus(config: DictConfig) -> None:
-    """Fail in seconds, not after minutes of Ray start-up, when no GPU can serve the rollout."""
+def require_gpus() -> None:
+    """Fail in seconds, not after minutes of Ray start-up, when no GPU can serve the rollout.
+
+    Inside a Ray job (``RAY_ADDRESS`` is set) the GPUs may sit on other nodes than this driver's, and verl's
+    resource-pool check speaks for the cluster; run by hand on a machine with no CUDA device, refuse at once.
+    """
     import torch
 
-    cluster_gpus = ray.cluster_resources().get("GPU", 0) if ray.is_initialized() else 0
-    if not torch.cuda.is_available() and cluster_gpus == 0:
+    if not torch.cuda.is_available() and not os.environ.get("RAY_ADDRESS"):
         raise SystemExit(
-            "DIVA-GRPO training needs GPUs (verl's rollout runs on vLLM/SGLang), and none were found. "
-            "On a CPU machine run the preflight instead: DRY_RUN=1 bash run_scripts/qwen25vl7b_diva.sh"
+            "DIVA-GRPO training needs GPUs (verl's rollout runs on vLLM/SGLang), and this machine has none. "
+            "Submit to a GPU cluster (RAY_ADDRESS=... bash run_scripts/qwen25vl7b_diva.sh), or run the CPU "
+            "preflight: DRY_RUN=1 bash run_scripts/qwen25vl7b_diva.sh"
         )
 
 
@@ -47,7 +53,7 @@ def main(config: DictConfig) -> None:
 
         run_preflight(config)
         return
-    require_gpus(config)
+    require_gpus()
     auto_set_device(config)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     run_ppo(config, task_runner_class=DivaTaskRunner)

@@ -85,46 +85,60 @@ def preflight_config(config: DictConfig, workdir: str) -> DictConfig:
 
 
 def check_first_batch(trainer) -> dict:
-    """Whole question groups, variants present, placeholders equal images.
+    """Whole question groups, every variant kind reachable, placeholders equal images.
 
     Reads through a loader of its own (same dataset, same sampler kind) so the trainer's loader state is untouched.
+    The shared difficulty table is set to a spread of easy, middling and hard values for this read only, so that
+    the planner's image perturbations, paraphrases and hints all run, then restored.
     """
+    import torch
     from torch.utils.data import DataLoader
     from verl.utils.dataset.rl_dataset import collate_fn
 
     from verl_ext.data.sampler import QuestionBlockSampler
 
-    sampler = QuestionBlockSampler(trainer.train_dataset, shuffle=True, seed=0)
-    loader = DataLoader(
-        trainer.train_dataset, batch_size=trainer.config.data.train_batch_size, sampler=sampler, collate_fn=collate_fn
-    )
-    batch = next(iter(loader))
+    table = trainer.train_dataset.difficulty_table
+    saved = table.values.clone()
+    bounds = trainer.diva.difficulty
+    spread = torch.tensor([bounds.d_min, (bounds.d_min + bounds.d_max) / 2, bounds.d_max], dtype=table.values.dtype)
+    table.values.copy_(spread[torch.arange(len(table)) % 3])
+    try:
+        sampler = QuestionBlockSampler(trainer.train_dataset, shuffle=False, seed=0)
+        loader = DataLoader(
+            trainer.train_dataset,
+            batch_size=3 * trainer.train_dataset.block_size,
+            sampler=sampler,
+            collate_fn=collate_fn,
+        )
+        batch = next(iter(loader))
+    finally:
+        table.values.copy_(saved)
     infos = list(batch["extra_info"])
     kinds = [info["variant_kind"] for info in infos]
     qids = [info["question_id"] for info in infos]
-    group = 1 + trainer.diva.variants.variants_per_question
+    group = trainer.train_dataset.block_size
     for start in range(0, len(qids), group):
         block = qids[start : start + group]
         if len(set(block)) != 1:
             raise PreflightError(f"question group split in the first batch: rows {start}..{start + group - 1} {block}")
     for i, messages in enumerate(batch["raw_prompt"]):
-        images = sum(
-            1
-            for m in messages
-            for c in (m["content"] if isinstance(m["content"], list) else [])
-            if c.get("type") == "image"
-        )
-        text = "".join(
-            c.get("text", "") for m in messages for c in (m["content"] if isinstance(m["content"], list) else [])
-        )
-        if "<image>" in text:
+        parts = [c for m in messages for c in (m["content"] if isinstance(m["content"], list) else [])]
+        if any("<image>" in c.get("text", "") for c in parts):
             raise PreflightError(f"row {i} ({qids[i]}): an <image> placeholder was not matched to an image")
-        if images == 0:
+        if not any(c.get("type") == "image" for c in parts):
             raise PreflightError(f"row {i} ({qids[i]}): no image in the prompt")
+    variant_kinds = {kind for kind in kinds if kind != "original"}
+    if len(variant_kinds) < 2:
+        raise PreflightError(
+            f"easy, middling and hard questions all produced {sorted(variant_kinds)} variants: check the planner "
+            "(diva.variants.planner) and the data's paraphrases and hint_steps (diva-prep validate)"
+        )
+    perturbations = sorted({info["variant_perturbation"] for info in infos} - {"none"})
     return {
         "prompts": len(qids),
         "questions": len(set(qids)),
         "kinds": dict(Counter(kinds)),
+        "perturbations": perturbations,
     }
 
 

@@ -1,0 +1,155 @@
+"""The launch scripts: their Hydra overrides compose, a CPU machine fails fast, the preflight passes through
+the real `ray job submit` path, and the runtime environment ships no data, history or secrets."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG_DIR = ROOT / "recipe" / "diva_grpo" / "config"
+
+
+def has_gpu() -> bool:
+    return (
+        shutil.which("nvidia-smi") is not None
+        and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+    )
+
+
+def launcher_overrides(script: str, **env) -> list[str]:
+    run_env = {**os.environ, "DIVA_PRINT_ONLY": "1", **env}
+    out = subprocess.run(["bash", script], cwd=ROOT, env=run_env, capture_output=True, text=True, check=True)
+    return [line for line in out.stdout.splitlines() if line]
+
+
+def compose_overrides(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+        return compose("diva_grpo", overrides=overrides)
+
+
+def test_diva_launcher_composes_the_paper_run():
+    cfg = compose_overrides(launcher_overrides("run_scripts/qwen25vl7b_diva.sh"))
+    assert cfg.algorithm.adv_estimator == "diva_grpo"
+    assert cfg.trainer.v1.trainer_mode == "diva_grpo"
+    assert cfg.data.train_batch_size == 128  # 64 questions x (original + 1 variant)
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 128  # one optimizer update per step
+    assert cfg.actor_rollout_ref.rollout.n == 5
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1e-6)
+    assert cfg.actor_rollout_ref.actor.optim.weight_decay == pytest.approx(1e-2)
+    assert cfg.actor_rollout_ref.actor.optim.lr_scheduler_type == "constant"
+    assert (cfg.actor_rollout_ref.actor.clip_ratio_low, cfg.actor_rollout_ref.actor.clip_ratio_high) == (0.2, 0.3)
+    assert cfg.actor_rollout_ref.actor.clip_ratio_c == 3.0
+    assert cfg.actor_rollout_ref.actor.loss_agg_mode == "token-mean"
+    assert not cfg.actor_rollout_ref.actor.use_kl_loss and not cfg.algorithm.use_kl_in_reward
+    assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (2048, 4096)
+    assert cfg.actor_rollout_ref.rollout.val_kwargs.temperature == pytest.approx(0.6)
+    assert cfg.actor_rollout_ref.rollout.val_kwargs.top_p == pytest.approx(0.95)
+    assert cfg.trainer.total_epochs == 5
+    assert cfg.diva.variants.max_pixels == 1048576
+    assert cfg.data.diva.advantage.k == pytest.approx(0.1)  # the dataset sees the same diva block
+
+
+def test_environment_overrides_reach_the_config():
+    cfg = compose_overrides(
+        launcher_overrides(
+            "run_scripts/qwen25vl7b_diva.sh", VARIANTS_PER_QUESTION="3", QUESTIONS_PER_STEP="32", LR="2e-6"
+        )
+    )
+    assert cfg.diva.variants.variants_per_question == 3
+    assert cfg.data.train_batch_size == 128
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(2e-6)
+
+
+def test_grpo_baseline_has_the_same_response_budget():
+    diva = compose_overrides(launcher_overrides("run_scripts/qwen25vl7b_diva.sh"))
+    grpo = compose_overrides(launcher_overrides("run_scripts/qwen25vl7b_grpo.sh"))
+    assert grpo.algorithm.adv_estimator == "grpo" and grpo.trainer.v1.trainer_mode == "sync"
+    assert grpo.data.custom_cls.path is None  # verl's own dataset on the same parquet
+    assert grpo.actor_rollout_ref.rollout.n == 10
+    assert grpo.data.train_batch_size * grpo.actor_rollout_ref.rollout.n == (
+        diva.data.train_batch_size * diva.actor_rollout_ref.rollout.n
+    )
+
+
+def test_smoke_launcher_runs_two_steps_on_one_gpu(tmp_path):
+    cfg = compose_overrides(
+        launcher_overrides(
+            "run_scripts/smoke_1gpu.sh", TRAIN_FILES=str(tmp_path / "t.parquet"), VAL_FILES=str(tmp_path / "v.parquet")
+        )
+    )
+    assert cfg.trainer.total_training_steps == 2 and cfg.trainer.n_gpus_per_node == 1
+    assert cfg.data.train_batch_size % (1 + cfg.diva.variants.variants_per_question) == 0
+
+
+@pytest.mark.skipif(has_gpu(), reason="this machine has a GPU")
+def test_cpu_machine_fails_fast_and_names_the_preflight():
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DRY_RUN")}
+    started = time.monotonic()
+    out = subprocess.run(["bash", "run_scripts/qwen25vl7b_diva.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+    elapsed = time.monotonic() - started
+    assert out.returncode != 0
+    assert "no NVIDIA GPU" in out.stderr
+    assert "DRY_RUN=1 bash run_scripts/qwen25vl7b_diva.sh" in out.stderr
+    assert elapsed < 60  # "within seconds": generous for a loaded CI machine; it starts no Ray
+
+
+def test_runtime_env_ships_code_without_history_data_or_secrets(tmp_path):
+    from ray._private.runtime_env.packaging import create_package
+
+    runtime_env = yaml.safe_load((ROOT / "recipe/diva_grpo/runtime_env.yaml").read_text())
+    assert runtime_env["working_dir"] == "./"
+    assert runtime_env["env_vars"]["VERL_USE_EXTERNAL_MODULES"] == "verl_ext.plugin"
+    tree = tmp_path / "repo"
+    for name in [
+        ".git/config",
+        "data/train.parquet",
+        "checkpoints/global_step_1/actor/model.pt",
+        "outputs/run.log",
+        "elsewhere/extra.parquet",
+        ".env",
+        "configs/prod.env",
+        "keys/server.pem",
+        "secrets.yaml",
+        "verl_ext/config.py",
+        "recipe/diva_grpo/trainer.py",
+        "run_scripts/qwen25vl7b_diva.sh",
+    ]:
+        path = tree / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x")
+    package = tmp_path / "pkg.zip"
+    create_package(str(tree), package, include_gitignore=True, excludes=runtime_env["excludes"])
+    shipped = {name for name in zipfile.ZipFile(package).namelist() if not name.endswith("/")}
+    assert shipped == {"verl_ext/config.py", "recipe/diva_grpo/trainer.py", "run_scripts/qwen25vl7b_diva.sh"}
+
+
+def test_preflight_through_ray_job_submit(tmp_path):
+    """DRY_RUN=1 on a CPU machine: local Ray head on 127.0.0.1, `ray job submit`, preflight, exit 0, head stopped."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env.update(
+        DRY_RUN="1", TRAIN_FILES=str(tmp_path / "absent_train.parquet"), VAL_FILES=str(tmp_path / "absent.parquet")
+    )
+    out = subprocess.run(
+        ["bash", "run_scripts/qwen25vl7b_diva.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log[-4000:]
+    assert "[preflight] PASSED" in log
+    assert "writing a synthetic set" in log
+    assert "succeeded" in log
+
+
+@pytest.mark.gpu
+def test_smoke_run_on_one_gpu():
+    """Two DIVA steps of a small VLM on one GPU (needs the model locally or a hub; skipped without CUDA)."""
+    out = subprocess.run(["bash", "run_scripts/smoke_1gpu.sh"], cwd=ROOT, capture_output=True, text=True, timeout=3600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
