@@ -205,7 +205,13 @@ class DivaTrainer(PPOTrainerSync):
         t_adv = time.perf_counter()
 
         scores = rewards[real_idx].sum(-1)
-        self._send_difficulty_update(question_ids[real], scores, [extra_fields[i] for i in np.flatnonzero(real)])
+        real_rows = np.flatnonzero(real)
+        self._send_difficulty_update(
+            question_ids[real],
+            scores,
+            [extra_fields[i] for i in real_rows],
+            [float(extra_info[i]["question_difficulty"]) for i in real_rows],
+        )
         t_send = time.perf_counter()
 
         out_fields = ["advantages", "returns"]
@@ -260,13 +266,21 @@ class DivaTrainer(PPOTrainerSync):
 
     # ------------------------------------------------------------------ difficulty service
 
-    def _send_difficulty_update(self, question_ids: np.ndarray, scores: torch.Tensor, extra_fields: list) -> None:
-        """One batched, non-blocking update: per-question alpha over its original and variants."""
+    def _send_difficulty_update(
+        self, question_ids: np.ndarray, scores: torch.Tensor, extra_fields: list, planned_difficulty: list[float]
+    ) -> None:
+        """One batched, non-blocking update: per-question alpha over its original and variants.
+
+        ``planned_difficulty`` (per response: the question's difficulty the dataset planned with) is the starting
+        point of questions the service has not seen yet, so an initial difficulty from the parquet is honoured.
+        """
         source = self.diva.difficulty.alpha_source
         accuracy = [self._response_accuracy(fields) for fields in extra_fields] if source == "accuracy" else None
         values = per_response_values(accuracy, scores.double().numpy(), source)
         ids, alphas = question_alphas(question_ids.tolist(), values)
-        self._pending_update = self.difficulty.update_async(ids, alphas, step=self.global_steps)
+        first_plan = dict(zip(question_ids.tolist()[::-1], planned_difficulty[::-1], strict=True))
+        priors = [first_plan[q] for q in ids]
+        self._pending_update = self.difficulty.update_async(ids, alphas, step=self.global_steps, priors=priors)
 
     @staticmethod
     def _response_accuracy(extra_fields) -> float:

@@ -66,3 +66,11 @@ def test_table_rejects_repeated_ids_and_names_unknown_ones():
     with pytest.raises(KeyError, match="zzz"):
         table.row_of("zzz")
     assert table.values.is_shared() and table.values.dtype == torch.float64
+
+
+def test_reset_returns_rows_to_their_own_starting_difficulty():
+    table = SharedDifficultyTable(["a", "b", "c"], initial=5.0)
+    table.set_initial([1], [8.0])
+    table.write_snapshot({"a": 2.0, "b": 3.0, "c": 4.0})
+    table.reset()
+    assert table.values.tolist() == [5.0, 8.0, 5.0]

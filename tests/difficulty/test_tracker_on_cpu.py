@@ -181,3 +181,22 @@ def test_alpha_source_picks_accuracy_or_total_reward():
         per_response_values(acc, reward, "tokens")
     with pytest.raises(ValueError, match="reward"):
         per_response_values(acc, [1.0, 0.0, 1.3], "reward")
+
+
+def test_priors_start_unseen_questions_and_are_ignored_for_known_ones():
+    t = DifficultyTracker()
+    t.update(["seen"], [0.5], step=0)  # stays at d_init = 5
+    record = t.compute_update(["seen", "new"], [1.0, 1.0], 1, priors=[8.0, 8.0])
+    # seen: 5 + 4 * (0.5 - 1) = 3 (its prior is ignored); new starts from its prior 8: 8 - 2 = 6
+    assert record.difficulty.tolist() == [3.0, 6.0]
+    t.apply(record)
+    assert t.difficulties(["seen", "new"]).tolist() == [3.0, 6.0]
+
+
+@pytest.mark.parametrize("priors", [[5.0], [float("nan"), 5.0], [0.5, 5.0], [5.0, 9.5]])
+def test_bad_priors_raise_naming_the_argument_and_change_nothing(priors):
+    t = DifficultyTracker()
+    before = t.state_dict()
+    with pytest.raises(ValueError, match="priors"):
+        t.compute_update(["a", "b"], [0.5, 0.5], 0, priors=priors)
+    assert t.state_dict() == before

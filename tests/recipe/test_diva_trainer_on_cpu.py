@@ -215,3 +215,29 @@ def test_diva_trainer_runs_the_sync_schedule(ray_and_tq, data_dir):
     assert trainer.trainer_mode == "sync"
     assert trainer.registered_mode == "diva_grpo"
     assert not isinstance(trainer.replay_buffer, ReplayBufferAsync)
+
+
+def test_initial_difficulty_from_parquet_is_honoured(ray_and_tq, data_dir, monkeypatch):
+    import pyarrow.parquet as pq
+
+    path = data_dir / "train.parquet"
+    table = pq.read_table(path)
+    column = table.schema.get_field_index("difficulty")
+    table = table.set_column(column, table.schema.field(column), [[8.0] * table.num_rows])
+    pq.write_table(table, path)
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(data_dir / "m.jsonl"))
+    cfg = compose_config(data_dir, "trainer.total_training_steps=1", "trainer.experiment_name=initial_difficulty")
+    trainer = build_simulated_trainer(DivaTrainer, cfg)
+    shared = trainer.train_dataset.difficulty_table
+    assert torch.all(shared.values == 8.0), "attaching the service must keep the parquet's start values"
+
+    trainer.fit(SimulatedAgentLoopManager(compute_score, n=ROLLOUT_N))
+    update = trainer.actor_rollout_wg.updates[0]
+    assert {info["question_difficulty"] for info in update["extra_info"]} == {8.0}
+    per_question = defaultdict(list)
+    for info, fields in zip(update["extra_info"], update["extra_fields"], strict=True):
+        per_question[info["question_id"]].append(fields["reward_extra_info"]["acc"])
+    expected = {q: float(np.clip(8.0 + 4.0 * (0.5 - np.mean(accs)), 1, 9)) for q, accs in per_question.items()}
+    assert trainer.difficulty.snapshot() == pytest.approx(expected)
+    untouched = [q for q in trainer.train_dataset.question_ids if q not in expected]
+    assert all(shared.read(shared.row_of(q)) == 8.0 for q in untouched)

@@ -239,7 +239,7 @@ class DivaDataset(RLHFDataset):
                     f"DivaDataset: questions {bad[:10]} of {files} have a 'difficulty' outside "
                     f"[{difficulty.d_min}, {difficulty.d_max}] (diva.difficulty.d_min/d_max)"
                 )
-            self.difficulty_table.write_rows(rows, [stored[r] for r in rows])
+            self.difficulty_table.set_initial(rows, [stored[r] for r in rows])
 
     # ------------------------------------------------------------------------------------ layout
     @property

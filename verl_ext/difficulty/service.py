@@ -64,12 +64,13 @@ class DifficultyServiceActor:
         step: int,
         request_id: str | None = None,
         changes_since: int | None = None,
+        priors: np.ndarray | None = None,
     ) -> dict:
         """Apply one step's update; returns ``{"version": int, "metrics": {...}}``, plus ``"changes"``
         (:meth:`DifficultyTracker.changes_since`) when ``changes_since`` is given: the table refresh rides on the
         same round trip."""
         if not self.tracker.is_applied(request_id):
-            record = self.tracker.compute_update(question_ids, alphas, step, request_id)
+            record = self.tracker.compute_update(question_ids, alphas, step, request_id, priors)
             if self.store is not None:
                 self.store.append(record)  # before applying: nothing acknowledged is ever lost
             self.tracker.apply(record)
@@ -218,10 +219,17 @@ class DifficultyService:
         self.table_version = -1
         return self.refresh()
 
-    def update_async(self, question_ids: Sequence[Hashable], alphas: Sequence[float], step: int) -> PendingUpdate:
+    def update_async(
+        self,
+        question_ids: Sequence[Hashable],
+        alphas: Sequence[float],
+        step: int,
+        priors: Sequence[float] | None = None,
+    ) -> PendingUpdate:
         """Send one step's update and return at once. Lengths are checked here too, so the simplest mistake fails
         in the trainer; the actor validates everything else (``ValueError`` naming the argument, raised by
-        :meth:`finish`)."""
+        :meth:`finish`). ``priors``: starting difficulties of ids the service has not seen yet (see
+        :meth:`DifficultyTracker.compute_update`)."""
         ids = list(question_ids)
         alpha = np.asarray(alphas, dtype=np.float64)
         if len(ids) != alpha.size:
@@ -230,7 +238,8 @@ class DifficultyService:
             )
         request_id = uuid.uuid4().hex
         since = self.table_version if self.table is not None else None
-        ref = self.handle.update.remote(ids, alpha, int(step), request_id, since)
+        prior = None if priors is None else np.asarray(priors, dtype=np.float64)
+        ref = self.handle.update.remote(ids, alpha, int(step), request_id, since, prior)
         return PendingUpdate(ref, request_id, len(ids))
 
     def finish(self, pending: PendingUpdate) -> dict[str, float]:
@@ -255,7 +264,8 @@ class DifficultyService:
         if version <= self.table_version and not full:
             return 0  # an older reply (of overlapping async updates): the table is already newer
         if full:
-            self.table.values.fill_(float(self.config["d_init"]))
+            # Questions the service has not seen keep the dataset's initial difficulty (parquet or d_init).
+            self.table.reset()
         # Ids of another dataset (not rows of this table) are skipped by write_snapshot.
         written = self.table.write_snapshot(dict(zip(ids, np.asarray(values).tolist(), strict=True)))
         self.table_version = version

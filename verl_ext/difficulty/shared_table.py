@@ -33,6 +33,8 @@ class SharedDifficultyTable:
                 )
             self._row_of[qid] = row
         self.values = torch.full((len(self._row_of),), float(initial), dtype=torch.float64).share_memory_()
+        # Each row's starting difficulty (trainer process only): what a full refresh returns unseen rows to.
+        self.initial = self.values.clone()
 
     def __len__(self) -> int:
         return self.values.numel()
@@ -65,3 +67,14 @@ class SharedDifficultyTable:
     def write_rows(self, rows: Iterable[int], values: Iterable[float]) -> None:
         rows_t = torch.as_tensor(np.asarray(list(rows), dtype=np.int64))
         self.values[rows_t] = torch.as_tensor(np.asarray(list(values), dtype=np.float64))
+
+    def set_initial(self, rows: Iterable[int], values: Iterable[float]) -> None:
+        """Give ``rows`` their own starting difficulty (e.g. the parquet ``difficulty`` column)."""
+        rows_t = torch.as_tensor(np.asarray(list(rows), dtype=np.int64))
+        start = torch.as_tensor(np.asarray(list(values), dtype=np.float64))
+        self.values[rows_t] = start
+        self.initial[rows_t] = start
+
+    def reset(self) -> None:
+        """Every row back to its starting difficulty."""
+        self.values.copy_(self.initial)

@@ -194,7 +194,12 @@ class DifficultyTracker:
 
     # ------------------------------------------------------------------ updating
     def compute_update(
-        self, question_ids: Sequence[Hashable], alphas: Sequence[float], step: int, request_id: str | None = None
+        self,
+        question_ids: Sequence[Hashable],
+        alphas: Sequence[float],
+        step: int,
+        request_id: str | None = None,
+        priors: Sequence[float] | None = None,
     ) -> UpdateRecord:
         """Validate one step's update and compute the new difficulties, without changing any state.
 
@@ -203,6 +208,8 @@ class DifficultyTracker:
             alphas: each question's success rate in [0, 1], length Q.
             step: the trainer's global step (int >= 0).
             request_id: optional caller token; an update whose id was already applied is skipped by :meth:`apply`.
+            priors: optional starting difficulty of each id, length Q, used only for ids this tracker has not seen
+                yet (the dataset's initial difficulty from the parquet ``difficulty`` column); ``None``: ``d_init``.
         """
         ids = [normalize_question_id(q) for q in question_ids]
         alpha = check_unit_interval(alphas, "alphas")
@@ -221,7 +228,19 @@ class DifficultyTracker:
             )
         if request_id is not None and not isinstance(request_id, str):
             raise ValueError(f"request_id must be a str or None, got {type(request_id).__name__}")
-        new = self._rule(self.difficulties(ids), alpha)
+        current = self.difficulties(ids)
+        if priors is not None:
+            prior = np.asarray(priors, dtype=np.float64)
+            if prior.shape != (len(ids),):
+                raise ValueError(f"priors has shape {prior.shape}; give one starting difficulty per question id")
+            lo, hi = float(self.config.d_min), float(self.config.d_max)
+            bad = ~np.isfinite(prior) | (prior < lo) | (prior > hi)
+            if bad.any():
+                pos = int(np.flatnonzero(bad)[0])
+                raise ValueError(f"priors[{pos}] = {prior[pos]!r}: every prior must be finite and in [{lo}, {hi}]")
+            unseen = np.fromiter((q not in self._slot_of for q in ids), dtype=bool, count=len(ids))
+            current[unseen] = prior[unseen]
+        new = self._rule(current, alpha)
         return UpdateRecord(ids, alpha, new, int(step), self.version + 1, request_id)
 
     def is_applied(self, request_id: str | None) -> bool:
