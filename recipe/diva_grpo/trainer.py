@@ -40,6 +40,7 @@ from verl.workers.utils.padding import response_to_nested
 
 from verl_ext.algos import advantage_collapse_rate, compute_diva_advantage
 from verl_ext.config import diva_config_from
+from verl_ext.data.dataset import DivaDataset
 from verl_ext.data.sampler import QuestionBlockSampler, check_batch_size
 from verl_ext.difficulty.alphas import per_response_values, question_alphas
 from verl_ext.difficulty.service import DifficultyService, PendingUpdate
@@ -104,6 +105,13 @@ class DivaTrainer(PPOTrainerSync):
 
     def _init_dataloader(self):
         super()._init_dataloader()
+        block = 1 + self.diva.variants.variants_per_question
+        if not isinstance(self.train_dataset, DivaDataset) or self.train_dataset.block_size != block:
+            raise ValueError(
+                f"the DIVA trainer needs data.custom_cls={{path: pkg://verl_ext.data.dataset, name: DivaDataset}} "
+                f"reading the same diva block (data.diva: ${{diva}}), with {block} prompts per question; got "
+                f"{type(self.train_dataset).__name__}"
+            )
         # verl's RandomSampler would scatter a question's prompts over several steps; replace it with a
         # sampler that keeps each question's original and variants contiguous. Same loader settings otherwise.
         loader = self.train_dataloader

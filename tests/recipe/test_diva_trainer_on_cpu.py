@@ -241,3 +241,9 @@ def test_initial_difficulty_from_parquet_is_honoured(ray_and_tq, data_dir, monke
     assert trainer.difficulty.snapshot() == pytest.approx(expected)
     untouched = [q for q in trainer.train_dataset.question_ids if q not in expected]
     assert all(shared.read(shared.row_of(q)) == 8.0 for q in untouched)
+
+
+def test_trainer_needs_the_diva_dataset(ray_and_tq, data_dir):
+    cfg = compose_config(data_dir, "data.custom_cls.path=null", "data.custom_cls.name=null")
+    with pytest.raises(ValueError, match="DivaDataset"):
+        build_simulated_trainer(DivaTrainer, cfg)
