@@ -183,3 +183,13 @@ def test_limit_pixels_downscales_keeping_aspect_and_apply_respects_it():
 def test_unknown_perturbation_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown perturbation 'swirl'"):
         apply_perturbations(textured(), [("swirl", {})])
+
+
+def test_rotation_is_shrunk_before_rotating_to_fit_max_pixels():
+    from verl_ext.data.perturb import apply_perturbations
+
+    image = flat((90, 140, 200), (1000, 800))
+    out = apply_perturbations(image, [("rotate", {"degrees": 30.0})], max_pixels=500_000)
+    assert out.size[0] * out.size[1] <= 500_000
+    # Nearly all of the budget is used: shrinking first loses no more resolution than shrinking after.
+    assert out.size[0] * out.size[1] >= 0.97 * 500_000
