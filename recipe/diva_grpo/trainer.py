@@ -143,14 +143,15 @@ class DivaTrainer(PPOTrainerSync):
                 folder = self.config.trainer.resume_from_path
             else:
                 folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-            if not os.path.isabs(folder):
-                folder = os.path.join(os.getcwd(), folder)
-            self.difficulty.load(folder)
+            self.difficulty.load(os.path.abspath(folder))
             logger.info("DIVA difficulty state restored from %s", folder)
 
     def _save_checkpoint(self):
         super()._save_checkpoint()
-        folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        # Absolute: the service actor's working directory need not be this process's.
+        folder = os.path.abspath(
+            os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+        )
         # The state saved must include this step's update: wait for it first.
         self._finish_difficulty_update()
         self.difficulty.save(folder)
