@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import pytest
 from omegaconf import OmegaConf
 from prep_fixtures import png, write_jsonl
+from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from data_prep.cli import main
-from verl.utils.dataset.rl_dataset import RLHFDataset
 from verl_ext.data.dataset import DivaDataset
 
 # verl's RLHFDataset only asserts that a processor exists for image rows; the processor itself runs in the agent loop.
