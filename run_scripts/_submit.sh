@@ -15,7 +15,8 @@ if [ "${DIVA_PRINT_ONLY:-0}" = "1" ]; then
 fi
 
 if [ "${DRY_RUN:-0}" != "1" ] && [ -z "${RAY_ADDRESS:-}" ]; then
-  if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L 2>/dev/null | grep -q "^GPU"; then
+  GPU_LIST="$(nvidia-smi -L 2>/dev/null || true)"
+  if [[ "$GPU_LIST" != *GPU* ]]; then
     echo "error: no NVIDIA GPU found on this machine and RAY_ADDRESS is not set." >&2
     echo "DIVA-GRPO training needs GPUs (rollout runs on vLLM). Either set RAY_ADDRESS to a GPU cluster's" >&2
     echo "dashboard address, or check everything else on this CPU machine with the preflight:" >&2
@@ -30,11 +31,15 @@ if ! command -v ray >/dev/null 2>&1; then
 fi
 
 HEAD_PID=""
+RAY_TMP=""
 cleanup() {
+  local status=$?
   if [ -n "$HEAD_PID" ]; then
     kill "$HEAD_PID" 2>/dev/null || true
     wait "$HEAD_PID" 2>/dev/null || true
   fi
+  # Keep the head's logs only when something failed.
+  if [ -n "$RAY_TMP" ] && [ "$status" -eq 0 ]; then rm -rf "$RAY_TMP"; fi
 }
 trap cleanup EXIT
 
@@ -43,6 +48,11 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 if [ -z "${RAY_ADDRESS:-}" ]; then
   GCS_PORT="$(free_port)"
   DASH_PORT="$(free_port)"
+  CLIENT_PORT="$(free_port)"
+  AGENT_PORT="$(free_port)"
+  # Ray counts this machine's CPUs and GPUs itself; the CPU preflight gets logical CPUs for TransferQueue's actors.
+  CPU_ARGS=()
+  if [ "${DRY_RUN:-0}" = "1" ]; then CPU_ARGS=(--num-cpus="${RAY_NUM_CPUS:-16}"); fi
   RAY_TMP="$(mktemp -d /tmp/diva_ray_XXXXXX)"
   # Ray >= 2.5x turns on token authentication for new local clusters: give this head its own random token
   # (never written to disk or logs); `ray job submit` and the job's processes read it from the environment.
@@ -53,7 +63,8 @@ if [ -z "${RAY_ADDRESS:-}" ]; then
   # --block keeps `ray start` in the foreground of this background job: killing it stops this head only.
   ray start --head --block --node-ip-address=127.0.0.1 --port="$GCS_PORT" \
     --dashboard-host=127.0.0.1 --dashboard-port="$DASH_PORT" --include-dashboard=true \
-    --num-cpus="${RAY_NUM_CPUS:-16}" --temp-dir="$RAY_TMP" --disable-usage-stats >"$RAY_TMP/head.log" 2>&1 &
+    --ray-client-server-port="$CLIENT_PORT" --dashboard-agent-listen-port="$AGENT_PORT" \
+    "${CPU_ARGS[@]}" --temp-dir="$RAY_TMP" --disable-usage-stats >"$RAY_TMP/head.log" 2>&1 &
   HEAD_PID=$!
   export RAY_ADDRESS="http://127.0.0.1:$DASH_PORT"
   deadline=$((SECONDS + 120))

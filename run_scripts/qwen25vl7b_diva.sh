@@ -6,9 +6,14 @@
 #   DRY_RUN=1 bash run_scripts/qwen25vl7b_diva.sh            # CPU preflight, about a minute
 set -euo pipefail
 
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The job runs in Ray's copy of the code (without data/ and checkpoints/): paths are made absolute here.
+# On a remote cluster they must name storage that the cluster's nodes see.
+abspath() { case "$1" in /*|*://*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+
 MODEL_PATH="${MODEL_PATH:-Qwen/Qwen2.5-VL-7B-Instruct}"
-TRAIN_FILES="${TRAIN_FILES:-data/diva_train.parquet}"
-VAL_FILES="${VAL_FILES:-data/diva_val.parquet}"
+TRAIN_FILES="$(abspath "${TRAIN_FILES:-$REPO_ROOT/data/diva_train.parquet}")"
+VAL_FILES="$(abspath "${VAL_FILES:-$REPO_ROOT/data/diva_val.parquet}")"
 NNODES="${NNODES:-1}"
 N_GPUS_PER_NODE="${N_GPUS_PER_NODE:-8}"
 VARIANTS_PER_QUESTION="${VARIANTS_PER_QUESTION:-1}"
@@ -33,7 +38,7 @@ PLANNER="${PLANNER:-paper}"
 TP_SIZE="${TP_SIZE:-1}"
 PROJECT_NAME="${PROJECT_NAME:-diva_grpo}"
 EXPERIMENT_NAME="${EXPERIMENT_NAME:-qwen25vl7b_diva_v${VARIANTS_PER_QUESTION}}"
-CKPT_DIR="${CKPT_DIR:-checkpoints/${PROJECT_NAME}/${EXPERIMENT_NAME}}"
+CKPT_DIR="$(abspath "${CKPT_DIR:-$REPO_ROOT/checkpoints/${PROJECT_NAME}/${EXPERIMENT_NAME}}")"
 SAVE_FREQ="${SAVE_FREQ:-50}"
 TEST_FREQ="${TEST_FREQ:-25}"
 ADV_ESTIMATOR="${ADV_ESTIMATOR:-diva_grpo}"

@@ -1,8 +1,8 @@
 """Typed view of the recipe's ``diva:`` config block.
 
 The yaml in ``recipe/diva_grpo/config/diva_grpo.yaml`` is the user-facing source of truth; these
-dataclasses give every consumer (advantage, difficulty service, dataset, trainer) the same
-validated values and the paper's defaults (DESIGN.md sections 3 to 5).
+dataclasses give every consumer (advantage, difficulty service, dataset, trainer) the same typed
+values and the paper's defaults (DESIGN.md sections 3 to 5); each consumer checks the ranges it needs.
 
 Use :func:`diva_config_from` to build a :class:`DivaConfig` from a ``DictConfig``, a plain dict or
 ``None`` (all defaults). Unknown keys raise, so a typo in an override never passes silently.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from tensordict import NonTensorData
+
 
 def non_tensor_list(value) -> list:
     """A TransferQueue non-tensor field as a plain list of Python objects.
@@ -11,4 +13,4 @@ def non_tensor_list(value) -> list:
     items may still be wrapped in ``NonTensorData``; this unwraps all of them.
     """
     items = value.tolist() if hasattr(value, "tolist") else list(value)
-    return [getattr(item, "data", item) for item in items]
+    return [item.data if isinstance(item, NonTensorData) else item for item in items]

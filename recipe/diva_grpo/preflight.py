@@ -44,13 +44,25 @@ def _log(msg: str) -> None:
     print(f"[preflight] {msg}", flush=True)
 
 
+# The recipe's data files when the user names none (launcher and yaml defaults). Only these may be missing in a
+# preflight, which then uses a synthetic set; a file the user named must exist.
+DEFAULT_DATA_FILES = ("data/diva_train.parquet", "data/diva_val.parquet")
+
+
 def _ensure_data(config: DictConfig, workdir: str) -> tuple[str, str]:
     train, val = str(config.data.train_files), str(config.data.val_files)
-    if os.path.exists(train) and os.path.exists(val):
+    missing = [path for path in (train, val) if not os.path.exists(path)]
+    if not missing:
         return train, val
+    named = [path for path in missing if not path.endswith(DEFAULT_DATA_FILES)]
+    if named:
+        raise PreflightError(
+            f"data file(s) {named} not found. Prepare them with `diva-prep convert` / `diva-prep variants`, or leave "
+            "TRAIN_FILES and VAL_FILES unset to preflight on a synthetic set"
+        )
     from data_prep.synth import synth
 
-    _log(f"data files {train!r} / {val!r} not found: writing a synthetic set into {workdir}")
+    _log(f"no data prepared yet at {missing}: writing a synthetic set into {workdir}")
     train = os.path.join(workdir, "synth_train.parquet")
     val = os.path.join(workdir, "synth_val.parquet")
     synth(train, 48, seed=0, split="train")
@@ -171,8 +183,16 @@ def run_preflight(config: DictConfig) -> dict:
     from recipe.diva_grpo.trainer import DivaTrainer
 
     started = time.perf_counter()
-    workdir = os.environ.get("DIVA_PREFLIGHT_DIR") or tempfile.mkdtemp(prefix="diva_preflight_")
-    os.makedirs(workdir, exist_ok=True)
+    if config.trainer.v1.trainer_mode != "diva_grpo":
+        raise PreflightError(
+            f"the preflight checks the DIVA recipe (trainer.v1.trainer_mode=diva_grpo), not "
+            f"{config.trainer.v1.trainer_mode!r}: run it as DRY_RUN=1 bash run_scripts/qwen25vl7b_diva.sh"
+        )
+    # A fresh folder each run (under DIVA_PREFLIGHT_DIR when set), so no earlier preflight's checkpoint is resumed.
+    parent = os.environ.get("DIVA_PREFLIGHT_DIR")
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    workdir = tempfile.mkdtemp(prefix="diva_preflight_", dir=parent)
     _log(f"work folder {workdir}")
 
     # 1. config

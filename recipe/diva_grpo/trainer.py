@@ -97,6 +97,11 @@ class DivaTrainer(PPOTrainerSync):
                 "trainer.v1.sampler.sync_refill_failed_groups=True refills single prompts and would split question "
                 "groups; keep it False with the DIVA trainer."
             )
+        if config.trainer.v1.get("sync", {}).get("parameter_sync_step", 1) != 1:
+            raise ValueError(
+                "trainer.v1.sync.parameter_sync_step must be 1 with the DIVA trainer: sub-batches could split question "
+                "groups, and the difficulty service expects one update per step"
+            )
         check_batch_size(
             config.data.train_batch_size,
             self.diva.variants.variants_per_question,
@@ -147,14 +152,16 @@ class DivaTrainer(PPOTrainerSync):
             logger.info("DIVA difficulty state restored from %s", folder)
 
     def _save_checkpoint(self):
-        super()._save_checkpoint()
-        # Absolute: the service actor's working directory need not be this process's.
+        # Before verl's save, which ends by marking the step folder as the latest checkpoint: a crash in between
+        # must not leave a "latest" checkpoint without its difficulty state. Absolute path: the service actor's
+        # working directory need not be this process's.
         folder = os.path.abspath(
             os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
         )
         # The state saved must include this step's update: wait for it first.
         self._finish_difficulty_update()
         self.difficulty.save(folder)
+        super()._save_checkpoint()
 
     # ------------------------------------------------------------------ step
 
@@ -192,34 +199,29 @@ class DivaTrainer(PPOTrainerSync):
             data, is_metrics = compute_rollout_correction_and_add_to_batch(data, rollout_corr_config)
             metrics.update(is_metrics)
 
-        real = np.array([not tag.get("is_padding", False) for tag in batch.tags], dtype=bool)
-        question_ids = np.array([info["question_id"] for info in extra_info], dtype=object)
-        difficulty = np.array([float(info["variant_difficulty"]) for info in extra_info])
-        rewards = data.batch["token_level_rewards"]
-        mask = data.batch["response_mask"]
-
-        advantages = torch.zeros_like(rewards)
-        real_idx = torch.as_tensor(np.flatnonzero(real))
+        # Synthetic padding rows (verl's _balance_batch) copy a real row's extra_info: keep them out of every group.
+        rows = np.flatnonzero([not tag.get("is_padding", False) for tag in batch.tags])
+        idx = torch.as_tensor(rows)
+        infos = [extra_info[i] for i in rows]
+        question_ids = np.array([info["question_id"] for info in infos], dtype=object)
+        difficulty = np.array([float(info["variant_difficulty"]) for info in infos])
+        mask = data.batch["response_mask"][idx]
+        advantages = torch.zeros_like(data.batch["token_level_rewards"])
         adv_real, _ = compute_diva_advantage(
-            rewards[real_idx],
-            mask[real_idx],
-            uids[real],
-            question_ids[real],
-            difficulty[real],
-            **self._advantage_kwargs,
+            data.batch["token_level_rewards"][idx], mask, uids[rows], question_ids, difficulty, **self._advantage_kwargs
         )
-        advantages[real_idx] = adv_real
+        advantages[idx] = adv_real
         data.batch["advantages"] = advantages
         data.batch["returns"] = advantages
         t_adv = time.perf_counter()
 
-        scores = rewards[real_idx].sum(-1)
-        real_rows = np.flatnonzero(real)
+        # Outcome scores before any KL penalty: what the difficulty rule and the collapse diagnostics measure.
+        scores = data.batch["token_level_scores"][idx].sum(-1)
         self._send_difficulty_update(
-            question_ids[real],
+            question_ids,
             scores,
-            [extra_fields[i] for i in real_rows],
-            [float(extra_info[i]["question_difficulty"]) for i in real_rows],
+            [extra_fields[i] for i in rows],
+            [float(info["question_difficulty"]) for info in infos],
         )
         t_send = time.perf_counter()
 
@@ -235,9 +237,7 @@ class DivaTrainer(PPOTrainerSync):
         )
         batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
 
-        metrics.update(
-            self._advantage_metrics(scores, adv_real, mask[real_idx], uids[real], question_ids[real], extra_info, real)
-        )
+        metrics.update(self._advantage_metrics(scores, adv_real, mask, uids[rows], question_ids, infos))
         metrics["diva/timing_s/advantage"] = t_adv - t0
         metrics["diva/timing_s/difficulty_send"] = t_send - t_adv
         return batch
@@ -251,11 +251,10 @@ class DivaTrainer(PPOTrainerSync):
                 "of multi-turn sessions. Use the single-turn agent loop (actor_rollout_ref.rollout.agent)."
             )
 
-    def _advantage_metrics(self, scores, advantages, mask, uids, question_ids, extra_info, real) -> dict:
+    def _advantage_metrics(self, scores, advantages, mask, uids, question_ids, infos) -> dict:
+        """``diva/*`` metrics of the real rows: (R,) scores, (R, T) advantages and mask, R ids and extra_infos."""
         per_response = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        kinds = Counter(
-            info.get("variant_kind", "original") for info, keep in zip(extra_info, real, strict=True) if keep
-        )
+        kinds = Counter(info.get("variant_kind", "original") for info in infos)
         total = sum(kinds.values()) or 1
         out = {
             "diva/collapse_rate/local": advantage_collapse_rate(scores, uids),
@@ -266,9 +265,7 @@ class DivaTrainer(PPOTrainerSync):
             "diva/advantage/min": per_response.min().item(),
             "diva/advantage/zero_fraction": (per_response == 0).float().mean().item(),
             "diva/questions_in_batch": len(set(question_ids.tolist())),
-            "diva/variant_fallbacks": sum(
-                1 for info, keep in zip(extra_info, real, strict=True) if keep and info.get("variant_fallback")
-            ),
+            "diva/variant_fallbacks": sum(1 for info in infos if info.get("variant_fallback")),
         }
         out.update({f"diva/variant_mix/{kind}": count / total for kind, count in sorted(kinds.items())})
         return out
@@ -287,7 +284,9 @@ class DivaTrainer(PPOTrainerSync):
         accuracy = [self._response_accuracy(fields) for fields in extra_fields] if source == "accuracy" else None
         values = per_response_values(accuracy, scores.double().numpy(), source)
         ids, alphas = question_alphas(question_ids.tolist(), values)
-        first_plan = dict(zip(question_ids.tolist()[::-1], planned_difficulty[::-1], strict=True))
+        first_plan: dict = {}
+        for qid, planned in zip(question_ids.tolist(), planned_difficulty, strict=True):
+            first_plan.setdefault(qid, planned)
         priors = [first_plan[q] for q in ids]
         self._pending_update = self.difficulty.update_async(ids, alphas, step=self.global_steps, priors=priors)
 

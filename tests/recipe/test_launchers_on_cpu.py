@@ -134,17 +134,16 @@ def test_runtime_env_ships_code_without_history_data_or_secrets(tmp_path):
 
 def test_preflight_through_ray_job_submit(tmp_path):
     """DRY_RUN=1 on a CPU machine: local Ray head on 127.0.0.1, `ray job submit`, preflight, exit 0, head stopped."""
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env.update(
-        DRY_RUN="1", TRAIN_FILES=str(tmp_path / "absent_train.parquet"), VAL_FILES=str(tmp_path / "absent.parquet")
-    )
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "TRAIN_FILES", "VAL_FILES")}
+    env.update(DRY_RUN="1", DIVA_PREFLIGHT_DIR=str(tmp_path))
     out = subprocess.run(
         ["bash", "run_scripts/qwen25vl7b_diva.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
     )
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-4000:]
     assert "[preflight] PASSED" in log
-    assert "writing a synthetic set" in log
+    if not (ROOT / "data" / "diva_train.parquet").exists():
+        assert "writing a synthetic set" in log
     assert "succeeded" in log
 
 
@@ -153,3 +152,27 @@ def test_smoke_run_on_one_gpu():
     """Two DIVA steps of a small VLM on one GPU (needs the model locally or a hub; skipped without CUDA)."""
     out = subprocess.run(["bash", "run_scripts/smoke_1gpu.sh"], cwd=ROOT, capture_output=True, text=True, timeout=3600)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+
+
+def test_preflight_refuses_a_named_data_file_that_is_missing(tmp_path):
+    from recipe.diva_grpo.preflight import PreflightError, preflight_config
+
+    cfg = compose_overrides([f"data.train_files={tmp_path}/mine.parquet", "diva.dry_run=true"])
+    with pytest.raises(PreflightError, match="mine.parquet"):
+        preflight_config(cfg, str(tmp_path))
+
+
+def test_preflight_is_for_the_diva_recipe():
+    from recipe.diva_grpo.preflight import PreflightError, run_preflight
+
+    cfg = compose_overrides(launcher_overrides("run_scripts/qwen25vl7b_grpo.sh", DRY_RUN="1"))
+    with pytest.raises(PreflightError, match="qwen25vl7b_diva.sh"):
+        run_preflight(cfg)
+
+
+def test_launcher_paths_are_absolute():
+    overrides = launcher_overrides("run_scripts/qwen25vl7b_diva.sh", TRAIN_FILES="rel/train.parquet")
+    values = dict(item.split("=", 1) for item in overrides)
+    for key in ("data.train_files", "data.val_files", "trainer.default_local_dir"):
+        assert os.path.isabs(values[key]), (key, values[key])
+    assert values["data.train_files"] == str(ROOT / "rel/train.parquet")

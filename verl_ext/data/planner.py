@@ -189,6 +189,11 @@ def transform_params(name: str, strength: float, rng: np.random.Generator, cfg: 
     return params
 
 
+def _round_half_up(value: float) -> int:
+    """Difficulty level of ``value`` (4.5 -> 5), as the difficulty metrics count levels; Python's round is banker's."""
+    return math.floor(value + 0.5)
+
+
 def _hint_steps_for_fraction(fraction: float, available: int) -> int:
     return max(1, min(available, math.ceil(fraction * available - 1e-9)))
 
@@ -265,7 +270,7 @@ def plan_paper(
     """The paper's three-tier policy (module docstring): easy -> image, middling -> paraphrase, hard -> hint."""
     d_min, d_max = difficulty_cfg.d_min, difficulty_cfg.d_max
     mid = (d_min + d_max) / 2
-    rounded = min(max(round(difficulty), d_min), d_max)
+    rounded = min(max(_round_half_up(difficulty), d_min), d_max)
     if rounded < mid - 1:
         planned = IMAGE_PERTURB
     elif rounded > mid + 1:
@@ -339,7 +344,7 @@ def plan_released(
 ) -> list[VariantPlan]:
     """The authors' released table (module docstring)."""
     mid = (difficulty_cfg.d_min + difficulty_cfg.d_max) / 2
-    table_shift = RELEASED_SHIFT[int(min(max(round(difficulty), 1), 9))]
+    table_shift = RELEASED_SHIFT[int(min(max(_round_half_up(difficulty), 1), 9))]
     plans = []
     for slot in range(1, num_variants + 1):
         shift = table_shift if slot == 1 else int(np.clip(round(rng.normal(table_shift, 1.0)), -8, 8))

@@ -263,11 +263,10 @@ class DifficultyService:
     def _write_changes(self, version: int, full: bool, ids: list, values: np.ndarray) -> int:
         if version <= self.table_version and not full:
             return 0  # an older reply (of overlapping async updates): the table is already newer
-        if full:
-            # Questions the service has not seen keep the dataset's initial difficulty (parquet or d_init).
-            self.table.reset()
-        # Ids of another dataset (not rows of this table) are skipped by write_snapshot.
-        written = self.table.write_snapshot(dict(zip(ids, np.asarray(values).tolist(), strict=True)))
+        # Ids of another dataset (not rows of this table) are skipped. On a full refresh, questions the service has
+        # not seen return to the dataset's initial difficulty (parquet or d_init), in one copy.
+        snapshot = dict(zip(ids, np.asarray(values).tolist(), strict=True))
+        written = self.table.replace_all(snapshot) if full else self.table.write_snapshot(snapshot)
         self.table_version = version
         return written
 

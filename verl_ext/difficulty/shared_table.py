@@ -78,3 +78,17 @@ class SharedDifficultyTable:
     def reset(self) -> None:
         """Every row back to its starting difficulty."""
         self.values.copy_(self.initial)
+
+    def replace_all(self, snapshot: Mapping[Hashable, float]) -> int:
+        """The whole table at once: rows in ``snapshot`` take its values, all others their starting difficulty.
+
+        Built aside and copied in one pass, so a DataLoader worker reading meanwhile never sees rows that the
+        snapshot moved back at their starting values. Returns the number of rows taken from ``snapshot``.
+        """
+        fresh = self.initial.clone()
+        rows = [(self._row_of[qid], value) for qid, value in snapshot.items() if qid in self._row_of]
+        if rows:
+            index, values = zip(*rows, strict=True)
+            fresh[torch.as_tensor(index, dtype=torch.long)] = torch.as_tensor(values, dtype=torch.float64)
+        self.values.copy_(fresh)
+        return len(rows)

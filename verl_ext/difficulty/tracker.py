@@ -70,10 +70,21 @@ class UpdateRecord:
 
     @classmethod
     def from_json(cls, data: dict) -> UpdateRecord:
+        """Rebuild a journal record; ``ValueError`` if its arrays disagree in length or hold non-finite values
+        (a damaged record must stop the restore, never be broadcast into the state)."""
+        ids = [normalize_question_id(q, "ids") for q in data["ids"]]
+        alphas = np.asarray(data["alpha"], dtype=np.float64)
+        difficulty = np.asarray(data["difficulty"], dtype=np.float64)
+        if alphas.shape != (len(ids),) or difficulty.shape != (len(ids),):
+            raise ValueError(
+                f"{len(ids)} ids but alpha has shape {alphas.shape} and difficulty {difficulty.shape}"
+            )
+        if not (np.isfinite(alphas).all() and np.isfinite(difficulty).all()):
+            raise ValueError("alpha and difficulty must be finite")
         return cls(
-            question_ids=list(data["ids"]),
-            alphas=np.asarray(data["alpha"], dtype=np.float64),
-            difficulty=np.asarray(data["difficulty"], dtype=np.float64),
+            question_ids=ids,
+            alphas=alphas,
+            difficulty=difficulty,
             step=int(data["step"]),
             version=int(data["version"]),
             request_id=data.get("request_id"),
