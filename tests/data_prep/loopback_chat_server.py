@@ -54,6 +54,9 @@ class LoopbackChatServer:
         self.records: list[tuple[str, str, str]] = []
         self.auth_headers: list[str] = []
         self.hold_after: int | None = None  # answer this many requests, then hold the rest until released
+        # Requests let through so far: counted when admitted, not when answered, so that concurrent arrivals
+        # cannot all pass the hold check while earlier answers are still in flight.
+        self._admitted = 0
         self.released = threading.Event()
         self._lock = threading.RLock()
         self._loop = asyncio.new_event_loop()
@@ -79,9 +82,11 @@ class LoopbackChatServer:
         self.auth_headers.append(request.headers.get("Authorization", ""))
         question, task, wanted = parse_request(body)
         with self._lock:
-            held = self.hold_after is not None and len(self.answered()) >= self.hold_after
+            held = self.hold_after is not None and self._admitted >= self.hold_after
             if held:
                 self.records.append((question, task, "held"))
+            else:
+                self._admitted += 1
         if held:  # never answered: the client is killed meanwhile
             while not self.released.is_set():
                 await asyncio.sleep(0.05)
