@@ -12,7 +12,14 @@ from PIL import Image
 from torchdata.stateful_dataloader import StatefulDataLoader
 from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
 
-from verl_ext.data.dataset import EXTRA_INFO_KEYS, TEXT_IN_IMAGE_QUESTION, DivaDataset, resolve_split
+from verl_ext.data.dataset import (
+    DIVA_ONLY_COLUMNS,
+    EXTRA_INFO_KEYS,
+    TEXT_IN_IMAGE_QUESTION,
+    DivaDataset,
+    resolve_split,
+)
+from verl_ext.data.dataset import _image_items as image_items
 from verl_ext.data.sampler import QuestionBlockSampler
 from verl_ext.data.schema import HINT_HEADER
 
@@ -67,7 +74,12 @@ def test_validation_rows_equal_rlhf_dataset_plus_extra_info(parquet_files):
     assert len(ds) == len(ref) == 3
     for i in range(3):
         ours, theirs = ds[i], ref[i]
-        assert set(ours) == set(theirs)
+        # Differences by design: the DIVA-only parquet columns are dropped after use, and every image carries the
+        # resolution limit (diva.variants.max_pixels) for the processor.
+        assert set(ours) == set(theirs) - set(DIVA_ONLY_COLUMNS)
+        assert all(
+            item.pop("max_pixels") == ds.diva_config.variants.max_pixels for item in image_items(ours["raw_prompt"])
+        )
         for key in set(ours) - {"raw_prompt", "prompt", "extra_info", "dummy_tensor"}:
             assert ours[key] == theirs[key], key
         kept = {k: v for k, v in ours["extra_info"].items() if k not in EXTRA_INFO_KEYS}
@@ -146,7 +158,9 @@ def test_question_in_image_variant(parquet_files):
     (row,) = [r for r in rows if r["extra_info"]["variant_kind"] == "text_in_image"]
     assert TEXT_IN_IMAGE_QUESTION in user_text(row) and "shaded region" not in user_text(row)
     (image,) = images_of(row)
-    assert image.size[0] == 64 and image.size[1] > 48  # the band was added
+    # The band was added (the image got taller for its width), then the whole scaled to the original's pixels.
+    assert image.size[1] / image.size[0] > 48 / 64
+    assert image.size[0] * image.size[1] <= 64 * 48
 
 
 # ---------------------------------------------------------------------------- images and determinism
@@ -239,7 +253,9 @@ def test_rotated_variant_states_the_angle_the_marker_moved_by(parquet_files, tmp
         a = pixels(image)
         ys, xs = np.nonzero((a[..., 0] > 200) & (a[..., 1] < 90) & (a[..., 2] < 90))
         t = math.radians(degrees)
-        dx, dy = 83 - 50, 13 - 30
+        # The expanded canvas of the 100 x 60 image, shrunk back to at most the original's pixels by `scale`.
+        scale = image.size[0] / (100 * abs(math.cos(t)) + 60 * abs(math.sin(t)))
+        dx, dy = (83 - 50) * scale, (13 - 30) * scale
         want = (
             image.size[0] / 2 + dx * math.cos(t) + dy * math.sin(t),
             image.size[1] / 2 - dx * math.sin(t) + dy * math.cos(t),
@@ -305,7 +321,7 @@ def test_extra_info_values_are_simple_and_params_replayable(parquet_files):
         steps = [(p["name"], p["params"]) for p in record["perturbations"]]
         if record["kind"] != "image_perturb":
             continue
-        replayed = apply_perturbations(original, steps, ds.diva_config.variants.max_pixels)
+        replayed = apply_perturbations(original, steps, record["pixel_budgets"][0])
         assert np.array_equal(pixels(replayed), pixels(images_of(row)[0]))
         replayed_count += 1
     assert replayed_count >= 1
@@ -322,3 +338,14 @@ def test_plugged_in_through_verl_create_rl_dataset(parquet_files):
     val_ds = create_rl_dataset(config.val_files, config, None, PROCESSOR, is_train=False)
     assert type(train_ds) is DivaDataset and type(val_ds) is DivaDataset
     assert (train_ds.split, len(train_ds), val_ds.split, len(val_ds)) == ("train", 24, "val", 3)
+
+
+def test_a_batch_reads_the_difficulty_table_once(parquet_files, monkeypatch):
+    """torch's fetcher calls __getitems__: one table copy per batch keeps a question's prompts on one difficulty."""
+    ds = build(parquet_files, variants_per_question=1)
+    ds.difficulty_table.values.fill_(2.0)
+    monkeypatch.setattr(ds.difficulty_table, "read", lambda row: pytest.fail("per-item table read inside a batch"))
+    rows = ds.__getitems__(list(range(4)))
+    assert [r["extra_info"]["question_difficulty"] for r in rows] == [2.0] * 4
+    loader = StatefulDataLoader(ds, batch_size=4, collate_fn=collate_fn)
+    assert list(next(iter(loader))["extra_info"][0].keys())  # the loader goes through __getitems__ too

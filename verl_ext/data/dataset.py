@@ -63,9 +63,11 @@ import json
 import logging
 import os
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import torch
 from PIL import Image
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
@@ -154,6 +156,10 @@ def _content_text(content: Any) -> str:
         kind = item.get("type")
         parts.append(item["text"] if kind == "text" else f"<{kind}>")
     return "".join(parts)
+
+
+# Columns of the DIVA parquet format that only the dataset reads (verl_ext/data/schema.py).
+DIVA_ONLY_COLUMNS = ("question", "paraphrases", "hint_steps", "text_in_image", "difficulty")
 
 
 def _image_items(messages: list[dict]) -> list[dict]:
@@ -264,7 +270,19 @@ class DivaDataset(RLHFDataset):
         return question_row, slot, epoch
 
     # ------------------------------------------------------------------------------------- items
+    def __getitems__(self, indices: list[int]) -> list[dict]:
+        """A whole batch planned from one copy of the difficulty table (torch's fetcher calls this when present).
+
+        The trainer may write the shared table while a worker builds a batch; reading it once keeps a question's
+        original and variants on the same difficulty, so ``dbar_q`` in the advantage is computed over one value.
+        """
+        snapshot = self.difficulty_table.values.clone()
+        return [self._emit(index, snapshot) for index in indices]
+
     def __getitem__(self, index):
+        return self._emit(index, None)
+
+    def _emit(self, index: int, difficulties: torch.Tensor | None) -> dict:
         question_row, slot, epoch = self.locate(index)
         question_id = self.question_ids[question_row]
         try:
@@ -274,7 +292,9 @@ class DivaDataset(RLHFDataset):
                 f"DivaDataset: question {question_id!r} (row {question_row} of {list(self.original_data_files)}) "
                 f"cannot be loaded by verl's RLHFDataset: {exc!r}"
             ) from exc
-        question_difficulty = self.difficulty_table.read(question_row)
+        question_difficulty = (
+            self.difficulty_table.read(question_row) if difficulties is None else float(difficulties[question_row])
+        )
         plan = ORIGINAL_PLAN
         if slot > 0:
             plan = self._make_variant(row, question_id, slot, epoch, question_difficulty)
@@ -292,6 +312,12 @@ class DivaDataset(RLHFDataset):
             variant_fallback=plan.fallback,
         )
         row["extra_info"] = extra_info
+        # The parquet's DIVA columns were used above; they need not travel with every response through TransferQueue.
+        for column in DIVA_ONLY_COLUMNS:
+            row.pop(column, None)
+        # One resolution limit for originals and variants alike: the processor (qwen_vl_utils) reads it per image.
+        for item in _image_items(row["raw_prompt"]):
+            item.setdefault("max_pixels", self.diva_config.variants.max_pixels)
         return row
 
     def _decode_images(self, items: list[dict]) -> tuple[list[Image.Image] | None, str]:
@@ -345,7 +371,7 @@ class DivaDataset(RLHFDataset):
             text = f"{text.strip()}\n{subject} been rotated by {abs(degrees):g} degrees {direction}."
         user_text = schema.build_prompt_text(text, len(items), hint_steps=hint_steps[: plan.hint_steps] or None)
 
-        images = []
+        images, pixel_budgets = [], []
         for k, item in enumerate(items):
             if perturbations and decoded is not None:
                 # Image k > 0: no text band, and its own noise (seed + k), so images do not share patterns.
@@ -354,7 +380,11 @@ class DivaDataset(RLHFDataset):
                     for name, params in perturbations
                     if k == 0 or name != "text_band"
                 ]
-                images.append(apply_perturbations(decoded[k], steps, cfg.max_pixels))
+                # Never more pixels than the original (a rotated canvas or a text band grows the image): a variant
+                # costs no more vision tokens than the prompt verl's length filter measured.
+                budget = min(cfg.max_pixels, decoded[k].width * decoded[k].height)
+                pixel_budgets.append(budget)
+                images.append(apply_perturbations(decoded[k], steps, budget))
             else:
                 images.append(_passthrough(item))
 
@@ -364,7 +394,8 @@ class DivaDataset(RLHFDataset):
         new_messages = self._build_messages({self.prompt_key: texts, self.image_key: images}, key=self.prompt_key)
         row["raw_prompt"] = new_messages
         row[self.prompt_key] = new_messages  # verl's row carries the same list under both keys
-        return plan
+        # The max_pixels each perturbed image was limited to: with the perturbations, enough to replay it exactly.
+        return replace(plan, extra={**plan.extra, "pixel_budgets": pixel_budgets}) if pixel_budgets else plan
 
     def _count_fallback(self, fallback: str, question_id: str, detail: str) -> None:
         reason = fallback.split(":", 1)[1]

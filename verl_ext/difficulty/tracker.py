@@ -76,9 +76,7 @@ class UpdateRecord:
         alphas = np.asarray(data["alpha"], dtype=np.float64)
         difficulty = np.asarray(data["difficulty"], dtype=np.float64)
         if alphas.shape != (len(ids),) or difficulty.shape != (len(ids),):
-            raise ValueError(
-                f"{len(ids)} ids but alpha has shape {alphas.shape} and difficulty {difficulty.shape}"
-            )
+            raise ValueError(f"{len(ids)} ids but alpha has shape {alphas.shape} and difficulty {difficulty.shape}")
         if not (np.isfinite(alphas).all() and np.isfinite(difficulty).all()):
             raise ValueError("alpha and difficulty must be finite")
         return cls(
