@@ -354,7 +354,9 @@ class DifficultyTracker:
             if arr.shape != (n,):
                 raise ValueError(f"difficulty state: questions.{key} has shape {arr.shape}, expected ({n},)")
         if len(set(ids)) != n:
-            raise ValueError("difficulty state: questions.ids has repeated ids")
+            seen: set = set()
+            repeated = next(q for q in ids if q in seen or seen.add(q))
+            raise ValueError(f"difficulty state: questions.ids has id {repeated!r} more than once")
         bad = ~np.isfinite(difficulty) | (difficulty < self.config.d_min) | (difficulty > self.config.d_max)
         if bad.any():
             pos = int(np.flatnonzero(bad)[0])
