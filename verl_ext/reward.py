@@ -251,7 +251,9 @@ def _serve_verifier() -> None:
     interrupt (one long C-level big-integer operation).
     """
     protocol_out = os.fdopen(os.dup(sys.stdout.fileno()), "w")
-    sys.stdout = sys.stderr  # library prints must not corrupt the protocol stream
+    # Library output must not corrupt the protocol stream: Python prints and C-level writes to fd 1 go to stderr.
+    sys.stdout = sys.stderr
+    os.dup2(sys.stderr.fileno(), 1)
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # its per-timeout warnings are expected here
 
     from math_verify import parse, verify
