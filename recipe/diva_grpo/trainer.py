@@ -18,8 +18,10 @@ Everything else, ``fit()`` included, is verl's.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import tempfile
 import time
 from collections import Counter
@@ -133,10 +135,12 @@ class DivaTrainer(PPOTrainerSync):
         )
         # The actor keeps a running record in a folder of this launch only: a restarted actor resumes from it,
         # while a new launch starts from the checkpoint (or from scratch), never from a stale record.
+        live_dir = tempfile.mkdtemp(prefix="diva_difficulty_live_")
+        atexit.register(shutil.rmtree, live_dir, ignore_errors=True)
         self.difficulty = DifficultyService.get_or_create(
             f"{self.config.trainer.project_name}/{self.config.trainer.experiment_name}",
             self.diva.difficulty,
-            live_dir=tempfile.mkdtemp(prefix="diva_difficulty_live_"),
+            live_dir=live_dir,
         )
         # Each update's reply carries the changed entries, copied into the table the data workers read.
         self.difficulty.attach_table(self.train_dataset.difficulty_table)
