@@ -1,7 +1,9 @@
 """Per-task result cache for ``variants``: a killed run resumes without paying for finished work again.
 
-One append-only JSONL file per generation setting (model, prompt version, paraphrase count, image use) under the
-cache folder, one line per finished (question, task): ``{"question_id", "task", "content_hash", "result"}``.
+One append-only JSONL file per task kind and generation setting under the cache folder (``variants`` keys hints by
+model, hint prompt version and image use, paraphrases by model, paraphrase prompt version and count, so changing a
+setting of one task does not re-request the other), one line per finished (question, task):
+``{"question_id", "task", "content_hash", "result"}``.
 A line is written and flushed as soon as its task finishes, so after a kill only in-flight requests are lost.
 ``content_hash`` ties an entry to the question text and answer: an edited question is generated afresh.
 """

@@ -23,7 +23,10 @@ from PIL import Image
 from data_prep.answers import answers_match, hint_leak
 from verl_ext.data.schema import IMAGE_PLACEHOLDER
 
-PROMPT_VERSION = 1  # bump when the prompts change: cached results of older prompts are then not reused
+# Bump one when its prompt changes: cached results of the older prompt are then not reused (each task has its own
+# version, so changing one prompt does not re-request the other task).
+PARAPHRASE_PROMPT_VERSION = 1
+HINT_PROMPT_VERSION = 1
 MIN_HINT_STEPS, MAX_HINT_STEPS = 3, 5
 
 PARAPHRASE_SYSTEM = (

@@ -27,7 +27,8 @@ from tqdm import tqdm
 from data_prep.cache import ResultCache, content_hash
 from data_prep.errors import PrepError
 from data_prep.generation import (
-    PROMPT_VERSION,
+    HINT_PROMPT_VERSION,
+    PARAPHRASE_PROMPT_VERSION,
     accept_hint,
     accept_paraphrases,
     hint_messages,
@@ -62,7 +63,7 @@ class VariantsOptions:
 class VariantsSummary:
     output: Path
     rejects_path: Path
-    cache_path: Path | None = None
+    cache_paths: dict[str, Path] = field(default_factory=dict)  # task -> its cache file
     rows: int = 0
     tasks_from_cache: int = 0
     tasks_generated: int = 0
@@ -84,7 +85,7 @@ class VariantsSummary:
             f"requests: {self.requests} ({self.retries} retries), tokens: {self.prompt_tokens} prompt + "
             f"{self.completion_tokens} completion, {self.elapsed_s:.1f} s",
             f"rejected generations: {self.rejects} (reasons in {self.rejects_path})",
-            f"cache: {self.cache_path}",
+            "cache: " + ", ".join(f"{task} {path}" for task, path in self.cache_paths.items()),
         ]
         for failure in self.failed_tasks[:5]:
             lines.append(f"  failed: {failure['question_id']} {failure['task']}: {failure['error']}")
@@ -101,8 +102,10 @@ class VariantsSummary:
 class _Generator:
     """Runs the tasks of one row against the client and the cache."""
 
-    def __init__(self, client: ChatClient, cache: ResultCache, options: VariantsOptions, summary: VariantsSummary):
-        self.client, self.cache, self.options, self.summary = client, cache, options, summary
+    def __init__(
+        self, client: ChatClient, caches: dict[str, ResultCache], options: VariantsOptions, summary: VariantsSummary
+    ):
+        self.client, self.caches, self.options, self.summary = client, caches, options, summary
 
     async def _paraphrases(self, question: str, answer: str, existing: list[str], wanted: int) -> dict:
         accepted, rejects = [], []
@@ -137,7 +140,8 @@ class _Generator:
         return {"hint_steps": [], "rejects": rejects}
 
     async def _task(self, question_id: str, task: str, hash_: str, make) -> dict | None:
-        cached = self.cache.get(question_id, task, hash_)
+        cache = self.caches[task]
+        cached = cache.get(question_id, task, hash_)
         if cached is not None:
             self.summary.tasks_from_cache += 1
             return cached
@@ -146,7 +150,7 @@ class _Generator:
         except RequestFailed as exc:
             self.summary.failed_tasks.append({"question_id": question_id, "task": task, "error": str(exc)})
             return None
-        self.cache.put(question_id, task, hash_, result)
+        cache.put(question_id, task, hash_, result)
         self.summary.tasks_generated += 1
         return result
 
@@ -179,15 +183,25 @@ class _Generator:
 
 async def _generate_all(input_path: Path, total: int, options: VariantsOptions, summary: VariantsSummary) -> dict:
     client = ChatClient(options.model, options.base_url, options.concurrency, options.request_timeout, options.retry)
-    settings = {
-        "model": options.model,
-        "prompt_version": PROMPT_VERSION,
-        "paraphrases": options.paraphrases,
-        "text_only": options.text_only,
+    # One cache per task kind, keyed only by what changes that task's requests: a new --paraphrases must not
+    # re-request the hints (the expensive, image-bearing requests), nor a new --text-only the paraphrases.
+    task_settings = {
+        TASK_HINT: {
+            "task": TASK_HINT,
+            "model": options.model,
+            "prompt_version": HINT_PROMPT_VERSION,
+            "text_only": options.text_only,
+        },
+        TASK_PARAPHRASES: {
+            "task": TASK_PARAPHRASES,
+            "model": options.model,
+            "prompt_version": PARAPHRASE_PROMPT_VERSION,
+            "paraphrases": options.paraphrases,
+        },
     }
-    cache = ResultCache(options.cache_dir, settings)
-    summary.cache_path = cache.path
-    generator = _Generator(client, cache, options, summary)
+    caches = {task: ResultCache(options.cache_dir, settings) for task, settings in task_settings.items()}
+    summary.cache_paths = {task: cache.path for task, cache in caches.items()}
+    generator = _Generator(client, caches, options, summary)
     columns = ["question", "reward_model", "extra_info", "paraphrases", "hint_steps"]
     if not options.text_only:
         columns.append("images")
@@ -231,7 +245,8 @@ async def _generate_all(input_path: Path, total: int, options: VariantsOptions, 
             task.result()  # re-raise the first failure, if any
     finally:
         bar.close()
-        cache.close()
+        for cache in caches.values():
+            cache.close()
         await client.close()
         for key in ("requests", "retries", "prompt_tokens", "completion_tokens"):
             setattr(summary, key, client.stats[key])

@@ -138,6 +138,25 @@ def test_unusable_endpoint_stops_the_run(tmp_path, dataset, capsys):
     assert not (tmp_path / "o.parquet").exists()
 
 
+def test_changing_one_task_setting_does_not_re_request_the_other_task(tmp_path, dataset):
+    path, rows, answers = dataset
+    out = tmp_path / "out.parquet"
+    every = {(row["question"], task) for row in rows for task in ("paraphrases", "hint")}
+    with LoopbackChatServer(answers) as server:
+        first = run_variants(path, out, options(server, tmp_path, paraphrases=2))
+        assert set(server.answered()) == every and first.tasks_generated == 12
+    with LoopbackChatServer(answers) as server:  # more paraphrases: only paraphrases are asked for again
+        second = run_variants(path, out, options(server, tmp_path, paraphrases=3))
+        assert sorted(server.answered()) == sorted((row["question"], "paraphrases") for row in rows)
+    assert second.tasks_from_cache == 6 and all(len(row["paraphrases"]) == 3 for row in pq.read_table(out).to_pylist())
+    with LoopbackChatServer(answers) as server:  # text-only hints: only hints are asked for again
+        run_variants(path, out, options(server, tmp_path, paraphrases=3, text_only=True))
+        assert sorted(server.answered()) == sorted((row["question"], "hint") for row in rows)
+    with LoopbackChatServer(answers) as server:  # back to the first settings: everything comes from the cache
+        third = run_variants(path, out, options(server, tmp_path, paraphrases=2))
+        assert server.answered() == [] and third.tasks_from_cache == 12
+
+
 def test_killed_run_resumes_without_repeating_finished_tasks(tmp_path):
     rows = diva_rows_without_variants(12)
     path = write_diva(tmp_path / "in.parquet", rows)
@@ -152,8 +171,7 @@ def test_killed_run_resumes_without_repeating_finished_tasks(tmp_path):
         process = subprocess.Popen([*argv, "--base-url", server.url], cwd=REPO, env=env)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            lines = [p for p in cache.glob("results-*.jsonl")]
-            if lines and sum(1 for _ in open(lines[0])) >= finished_before_kill:
+            if sum(1 for file in cache.glob("results-*.jsonl") for _ in open(file)) >= finished_before_kill:
                 break
             assert process.poll() is None, "the run ended before it could be killed"
             time.sleep(0.05)
