@@ -26,11 +26,17 @@ def resolve_inside(root: Path, relative: str) -> Path:
     """``root / relative`` as an existing file that lies inside ``root`` (no ``..`` or absolute-path escape)."""
     if not relative:
         raise BadRow("broken image path: empty path and no bytes")
+    if not isinstance(relative, str):
+        raise BadRow(f"broken image path: expected a path string, got {type(relative).__name__}")
     root = root.resolve()
-    candidate = (root / relative).resolve()
+    try:  # a NUL byte raises ValueError, an over-long name OSError: both are this row's problem, not the run's
+        candidate = (root / relative).resolve()
+        is_file = candidate.is_file()
+    except (OSError, ValueError) as exc:
+        raise BadRow(f"broken image path: {relative!r} is not a usable path ({exc})") from None
     if not candidate.is_relative_to(root):
         raise BadRow(f"image path escapes the input folder: {relative!r} is outside {str(root)!r}")
-    if not candidate.is_file():
+    if not is_file:
         raise BadRow(f"broken image path: {relative!r} does not exist under {str(root)!r}")
     return candidate
 
@@ -53,6 +59,10 @@ def image_entry(value, root: Path) -> dict:
     else:
         raise BadRow(f"broken image: unsupported image cell of type {type(value).__name__}")
     if not data:
-        data = resolve_inside(root, path).read_bytes()
+        file = resolve_inside(root, path)
+        try:
+            data = file.read_bytes()
+        except OSError as exc:  # e.g. no read permission
+            raise BadRow(f"broken image path: cannot read {path!r}: {exc}") from None
     decode_size(data)
     return {"bytes": bytes(data), "path": path}

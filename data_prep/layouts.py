@@ -123,12 +123,18 @@ def read_jsonl(path: Path) -> Iterator[RawRecord]:
     root = path.parent
     checked_keys = False
     index = 0
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
-            if not line.strip():
+    with open(path, "rb") as handle:  # bytes, so one line that is not UTF-8 is quarantined alone
+        for line_number, raw_line in enumerate(handle, start=1):
+            if not raw_line.strip():
                 continue
             record = RawRecord(index=index, source=f"{path}:{line_number}", root=root)
             index += 1
+            try:
+                line = raw_line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                record.error = f"not UTF-8 text: line {line_number} of {path}: {exc.reason} at byte {exc.start}"
+                yield record
+                continue
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:

@@ -127,6 +127,39 @@ def test_jsonl_paths_escapes_and_malformed_lines(tmp_path):
     assert validate_file(out).ok
 
 
+def test_non_utf8_lines_and_nul_image_paths_are_quarantined(tmp_path, capsys):
+    data = tmp_path / "data"
+    (data / "imgs").mkdir(parents=True)
+    (data / "imgs" / "a.png").write_bytes(png(1))
+    good = {"image": "imgs/a.png", "question": "Area?", "answer": "6"}
+    source = data / "set.jsonl"
+    with open(source, "wb") as handle:
+        handle.write(json.dumps(good).encode() + b"\n")
+        handle.write(b'{"image": "imgs/a.png", "question": "Caf\xe9 area?", "answer": "6"}\n')  # latin-1 byte
+        handle.write(json.dumps({**good, "image": "imgs/a\u0000.png"}).encode() + b"\n")  # NUL in the path
+        handle.write(json.dumps({**good, "image": "x" * 5000 + ".png"}).encode() + b"\n")  # name too long
+        handle.write(json.dumps(good).encode() + b"\n")
+    out, quarantine = tmp_path / "out.parquet", tmp_path / "q.jsonl"
+    argv = ["convert", "--input", str(source), "--layout", "jsonl", "--output", str(out), "--no-progress"]
+    argv += ["--quarantine", str(quarantine)]
+    assert main(argv) == 1  # three bad rows of five: above the default --max-bad-fraction 0, no output
+    assert "FAILED: bad fraction 0.6000" in capsys.readouterr().out and not out.exists()
+    reasons = {r["row"]: (r["reason"], r["source"]) for r in quarantined(quarantine)}
+    assert set(reasons) == {1, 2, 3}
+    assert reasons[1][0].startswith(f"not UTF-8 text: line 2 of {source}") and reasons[1][1] == f"{source}:2"
+    assert reasons[2][0].startswith("broken image path: 'imgs/a\\x00.png' is not a usable path")
+    assert reasons[3][0].startswith("broken image path: 'xxx")
+
+    assert main([*argv, "--max-bad-fraction", "0.6"]) == 0
+    assert [row["extra_info"]["index"] for row in pq.read_table(out).to_pylist()] == [0, 4]
+
+    nul = tmp_path / "g3k" / "train.parquet"  # the same path problem in an image cell of a parquet layout
+    write_parquet(nul, {"images": [[{"bytes": None, "path": "a\x00.png"}]], "problem": ["Area?"], "answer": ["6"]})
+    argv = ["convert", "--input", str(nul), "--layout", "geometry3k", "--output", str(tmp_path / "g.parquet")]
+    assert main([*argv, "--quarantine", str(quarantine), "--no-progress"]) == 1
+    assert quarantined(quarantine)[0]["reason"].startswith("broken image path: 'a\\x00.png' is not a usable path")
+
+
 @pytest.mark.parametrize(
     ("layout", "columns", "named"),
     [
