@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from data_prep.errors import PrepError
+from data_prep.parquet_io import iter_parquet_batches, num_rows, open_parquet
 
 
 @dataclass
@@ -74,14 +73,14 @@ def count_rows(path: Path, layout: str) -> int | None:
     if layout == "jsonl":
         with open(path, "rb") as handle:
             return sum(1 for line in handle if line.strip())
-    return sum(pq.ParquetFile(file).metadata.num_rows for file in parquet_files(path))
+    return sum(num_rows(file) for file in parquet_files(path))
 
 
 def read_parquet_layout(path: Path, layout: ParquetLayout, batch_size: int = 64) -> Iterator[RawRecord]:
     files = parquet_files(path)
     root = path if path.is_dir() else path.parent
     for file in files:  # check every file before reading any row: fail fast, not after an hour
-        names = pq.ParquetFile(file).schema_arrow.names
+        names = open_parquet(file).schema_arrow.names
         missing = [column for column in layout.columns if column not in names]
         if missing:
             plural = "s" if len(missing) > 1 else ""
@@ -92,8 +91,8 @@ def read_parquet_layout(path: Path, layout: ParquetLayout, batch_size: int = 64)
     index = 0
     for file in files:
         row_in_file = 0
-        for batch in pq.ParquetFile(file).iter_batches(batch_size=batch_size, columns=layout.columns):
-            for cells in batch.to_pylist():
+        for batch in iter_parquet_batches(file, layout.columns, batch_size):
+            for cells in batch:
                 images = cells[layout.image_column]
                 if not layout.image_is_list:
                     images = [images]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from data_prep.errors import PrepError
 from verl_ext.data.schema import SCHEMA
 
 # Rows of 512x512 images run ~100-300 KB each: 128 rows keep a row group (and our buffer) in the tens of MB,
@@ -63,12 +64,45 @@ class DivaParquetWriter:
             self.abort()
 
 
+def open_parquet(path: str | Path) -> pq.ParquetFile:
+    """``pq.ParquetFile(path)``; a file that is not parquet (or is cut short) raises :class:`PrepError` naming it."""
+    try:
+        return pq.ParquetFile(path)
+    except (OSError, ValueError) as exc:  # pyarrow raises ArrowInvalid (a ValueError) for a missing footer
+        raise PrepError(
+            f"not a parquet file: {path} ({exc}). Check the path, or download or convert it again."
+        ) from None
+
+
+def iter_parquet_batches(
+    path: str | Path, columns: list[str] | None = None, batch_size: int = 64
+) -> Iterator[list[dict]]:
+    """Rows of a parquet file as lists of Python dicts, one small batch at a time.
+
+    Corrupt data pages raise :class:`PrepError` naming the file and the first row that could not be read.
+    """
+    batches = open_parquet(path).iter_batches(batch_size=batch_size, columns=columns)
+    rows_read = 0
+    while True:
+        try:
+            batch = next(batches, None)
+            rows = None if batch is None else batch.to_pylist()
+        except (OSError, ValueError) as exc:  # e.g. "Deserializing page header failed"
+            raise PrepError(
+                f"corrupt parquet file: {path}: cannot read the rows from row {rows_read} on ({exc}). "
+                "Download or convert it again."
+            ) from None
+        if rows is None:
+            return
+        rows_read += len(rows)
+        yield rows
+
+
 def iter_parquet_rows(path: str | Path, columns: list[str] | None = None, batch_size: int = 64) -> Iterator[dict]:
     """Rows of a parquet file as Python dicts, read one small batch at a time."""
-    parquet = pq.ParquetFile(path)
-    for batch in parquet.iter_batches(batch_size=batch_size, columns=columns):
-        yield from batch.to_pylist()
+    for rows in iter_parquet_batches(path, columns, batch_size):
+        yield from rows
 
 
 def num_rows(path: str | Path) -> int:
-    return pq.ParquetFile(path).metadata.num_rows
+    return open_parquet(path).metadata.num_rows

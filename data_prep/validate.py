@@ -16,7 +16,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from data_prep.answers import hint_leak, normalize_answer
+from data_prep.errors import PrepError
 from data_prep.images import decode_size
+from data_prep.parquet_io import iter_parquet_batches
 from data_prep.quarantine import BadRow
 from verl_ext.data.schema import IMAGE_PLACEHOLDER, PROMPT_SUFFIX, SCHEMA, missing_columns
 
@@ -159,9 +161,12 @@ def validate_file(path: str | Path, batch_size: int = 64) -> ValidationReport:
         return report  # row checks would only repeat the schema error
     seen_ids: dict[str, int] = {}
     index = 0
-    for batch in parquet.iter_batches(batch_size=batch_size):
-        for row in batch.to_pylist():
-            _check_row(report, index, row, seen_ids)
-            index += 1
+    try:
+        for batch in iter_parquet_batches(path, batch_size=batch_size):
+            for row in batch:
+                _check_row(report, index, row, seen_ids)
+                index += 1
+    except PrepError as exc:  # corrupt data pages: report where reading stopped, keep what was checked before
+        report.add("error", "file readable", None, None, str(exc))
     report.rows = index
     return report

@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from data_prep.cache import ResultCache, content_hash
@@ -35,7 +34,7 @@ from data_prep.generation import (
     paraphrase_messages,
 )
 from data_prep.llm_client import ChatClient, RequestFailed, RetryPolicy
-from data_prep.parquet_io import DivaParquetWriter, iter_parquet_rows, num_rows
+from data_prep.parquet_io import DivaParquetWriter, iter_parquet_rows, num_rows, open_parquet
 from verl_ext.data.schema import missing_columns
 
 TASK_PARAPHRASES, TASK_HINT = "paraphrases", "hint"
@@ -258,7 +257,7 @@ def run_variants(input_path: str | Path, output: str | Path, options: VariantsOp
     input_path, output = Path(input_path), Path(output)
     if not input_path.is_file():
         raise PrepError(f"--input {str(input_path)!r} is not a file")
-    missing = missing_columns(pq.ParquetFile(input_path).schema_arrow.names)
+    missing = missing_columns(open_parquet(input_path).schema_arrow.names)
     if missing:
         raise PrepError(f"--input {str(input_path)!r} is not a DIVA parquet: missing columns {missing} (run convert)")
     if options.paraphrases < 0 or options.attempts < 1:

@@ -53,3 +53,13 @@ def diva_rows_without_variants(n: int) -> list[dict]:
 def write_diva(path: Path, rows: list[dict]) -> Path:
     pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path)
     return path
+
+
+def corrupt_data_pages(path: Path) -> Path:
+    """Overwrite the first page header of the first column with 0xff bytes; the footer stays readable."""
+    chunk = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    start = chunk.dictionary_page_offset or chunk.data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start : start + 16] = b"\xff" * 16
+    path.write_bytes(bytes(data))
+    return path

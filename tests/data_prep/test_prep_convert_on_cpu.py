@@ -6,7 +6,7 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-from prep_fixtures import png, write_jsonl, write_parquet
+from prep_fixtures import corrupt_data_pages, png, write_jsonl, write_parquet
 
 from data_prep.cli import main
 from data_prep.validate import validate_file
@@ -158,6 +158,32 @@ def test_non_utf8_lines_and_nul_image_paths_are_quarantined(tmp_path, capsys):
     argv = ["convert", "--input", str(nul), "--layout", "geometry3k", "--output", str(tmp_path / "g.parquet")]
     assert main([*argv, "--quarantine", str(quarantine), "--no-progress"]) == 1
     assert quarantined(quarantine)[0]["reason"].startswith("broken image path: 'a\\x00.png' is not a usable path")
+
+
+def damage(path, how: str):
+    """Make ``path`` unreadable: not parquet at all, cut short, or with a corrupt page behind a valid footer."""
+    if how == "junk":
+        path.write_bytes(b"this is not a parquet file")
+    elif how == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:
+        corrupt_data_pages(path)
+    return "corrupt parquet file" if how == "pages" else "not a parquet file"
+
+
+@pytest.mark.parametrize("how", ["junk", "truncated", "pages"])
+def test_unreadable_parquet_input_names_the_file(tmp_path, capsys, how):
+    folder = tmp_path / "g3k"
+    geometry3k = {"images": [[{"bytes": png(1), "path": "a.png"}]] * 3, "problem": ["Area?"] * 3, "answer": ["6"] * 3}
+    write_parquet(folder / "a.parquet", geometry3k)
+    bad = write_parquet(folder / "b.parquet", geometry3k)
+    expected = damage(bad, how)
+    out = tmp_path / "out.parquet"
+    argv = ["convert", "--input", str(folder), "--layout", "geometry3k", "--output", str(out), "--no-progress"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"error: {expected}: {bad}" in err and "Traceback" not in err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(

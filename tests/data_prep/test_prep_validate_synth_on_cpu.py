@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image
-from prep_fixtures import write_diva
+from prep_fixtures import corrupt_data_pages, write_diva
 
 from data_prep.cli import main
 from data_prep.synth import FIGURES, IMAGE_SIZE, synth_rows
@@ -106,6 +106,11 @@ def test_validate_reports_missing_columns_and_unreadable_files(tmp_path):
     assert {finding.detail for finding in report.errors} == {"missing column 'question'", "missing column 'hint_steps'"}
     (tmp_path / "junk.parquet").write_bytes(b"not parquet")
     assert not validate_file(tmp_path / "junk.parquet").ok
+    corrupt = corrupt_data_pages(write_diva(tmp_path / "corrupt.parquet", list(synth_rows(2))))
+    report = validate_file(corrupt)  # footer fine, data pages not: a finding naming the file, not a traceback
+    assert [(f.check, f.detail.split(" (")[0]) for f in report.errors] == [
+        ("file readable", f"corrupt parquet file: {corrupt}: cannot read the rows from row 0 on")
+    ]
 
 
 @pytest.mark.parametrize("rows", [3, 9])

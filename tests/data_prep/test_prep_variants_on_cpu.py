@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from loopback_chat_server import LoopbackChatServer, Reply
-from prep_fixtures import diva_rows_without_variants, write_diva
+from prep_fixtures import corrupt_data_pages, diva_rows_without_variants, write_diva
 
 from data_prep.cli import main
 from data_prep.llm_client import EndpointUnusable, RetryPolicy
@@ -155,6 +155,23 @@ def test_changing_one_task_setting_does_not_re_request_the_other_task(tmp_path, 
     with LoopbackChatServer(answers) as server:  # back to the first settings: everything comes from the cache
         third = run_variants(path, out, options(server, tmp_path, paraphrases=2))
         assert server.answered() == [] and third.tasks_from_cache == 12
+
+
+@pytest.mark.parametrize("how", ["junk", "pages"])
+def test_unreadable_input_is_an_error_naming_the_file(tmp_path, dataset, capsys, how):
+    path, rows, answers = dataset
+    if how == "junk":
+        path.write_bytes(b"PAR1 but not really")
+    else:
+        corrupt_data_pages(path)  # data_source's page: found when the output rows are read, after generation
+    out = tmp_path / "out.parquet"
+    argv = ["variants", "--input", str(path), "--output", str(out), "--model", "m", "--no-progress"]
+    with LoopbackChatServer(answers) as server:
+        assert main([*argv, "--base-url", server.url, "--cache", str(tmp_path / "cache")]) == 2
+    err = capsys.readouterr().err
+    expected = "not a parquet file" if how == "junk" else "corrupt parquet file"
+    assert f"diva-prep variants: error: {expected}: {path}" in err and "Traceback" not in err
+    assert not out.exists()
 
 
 def test_killed_run_resumes_without_repeating_finished_tasks(tmp_path):
