@@ -38,6 +38,8 @@ from data_prep.parquet_io import DivaParquetWriter, iter_parquet_rows, num_rows,
 from verl_ext.data.schema import missing_columns
 
 TASK_PARAPHRASES, TASK_HINT = "paraphrases", "hint"
+# Cells every request (question, answer) and the cache key (question id) need; checked before the first request.
+REQUIRED_CELLS = (("question",), ("reward_model", "ground_truth"), ("extra_info", "question_id"))
 
 
 @dataclass
@@ -252,6 +254,32 @@ async def _generate_all(input_path: Path, total: int, options: VariantsOptions, 
     return results
 
 
+def _null_cell(row: dict) -> str | None:
+    """Dotted name of the first :data:`REQUIRED_CELLS` entry that is null in ``row`` (a null struct names itself)."""
+    for path in REQUIRED_CELLS:
+        value = row
+        for depth, key in enumerate(path):
+            value = value[key]
+            if value is None:
+                return ".".join(path[: depth + 1])
+    return None
+
+
+def _check_required_cells(input_path: Path, total: int) -> None:
+    """Fail before paying for any request when one of the first ``total`` rows has a null required cell."""
+    columns = sorted({path[0] for path in REQUIRED_CELLS})
+    for index, row in enumerate(iter_parquet_rows(input_path, columns=columns)):
+        if index >= total:
+            return
+        column = _null_cell(row)
+        if column is not None:
+            raise PrepError(
+                f"--input {str(input_path)!r}: row {index} has a null {column!r}; every row needs question, "
+                "reward_model.ground_truth and extra_info.question_id. Fix or drop the row (diva-prep validate "
+                "lists such rows) and rerun."
+            )
+
+
 def run_variants(input_path: str | Path, output: str | Path, options: VariantsOptions) -> VariantsSummary:
     """Generate variants for ``input_path`` (a DIVA parquet) and write ``output``; returns the summary."""
     input_path, output = Path(input_path), Path(output)
@@ -270,6 +298,7 @@ def run_variants(input_path: str | Path, output: str | Path, options: VariantsOp
     total = num_rows(input_path)
     if options.limit is not None:
         total = min(total, options.limit)
+    _check_required_cells(input_path, total)
     started = time.perf_counter()
     results = asyncio.run(_generate_all(input_path, total, options, summary))
     summary.rows = total

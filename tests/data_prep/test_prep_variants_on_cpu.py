@@ -174,6 +174,31 @@ def test_unreadable_input_is_an_error_naming_the_file(tmp_path, dataset, capsys,
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "column", ["question", "reward_model", "reward_model.ground_truth", "extra_info", "extra_info.question_id"]
+)
+def test_null_required_cell_names_row_and_column_before_any_request(tmp_path, column, capsys):
+    rows = diva_rows_without_variants(5)
+    struct, _, key = column.partition(".")
+    if key:
+        rows[3][struct][key] = None
+    else:
+        rows[3][struct] = None
+    path = write_diva(tmp_path / "in.parquet", rows)
+    out = tmp_path / "out.parquet"
+    argv = ["variants", "--input", str(path), "--output", str(out), "--model", "m", "--no-progress"]
+    with LoopbackChatServer({}) as server:
+        assert main([*argv, "--base-url", server.url, "--cache", str(tmp_path / "cache")]) == 2
+        assert server.records == []  # refused before paying for any request
+    err = capsys.readouterr().err
+    assert f"row 3 has a null {column!r}" in err and str(path) in err and "Traceback" not in err
+    assert not out.exists()
+    answers = {row["question"]: row["reward_model"]["ground_truth"] for row in rows[:3]}
+    with LoopbackChatServer(answers) as server:  # rows before the bad one are fine: --limit 3 runs
+        limited = run_variants(path, out, options(server, tmp_path, limit=3))
+    assert limited.rows == 3 and not limited.failed_tasks
+
+
 def test_killed_run_resumes_without_repeating_finished_tasks(tmp_path):
     rows = diva_rows_without_variants(12)
     path = write_diva(tmp_path / "in.parquet", rows)
