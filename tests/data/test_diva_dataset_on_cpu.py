@@ -349,3 +349,27 @@ def test_a_batch_reads_the_difficulty_table_once(parquet_files, monkeypatch):
     assert [r["extra_info"]["question_difficulty"] for r in rows] == [2.0] * 4
     loader = StatefulDataLoader(ds, batch_size=4, collate_fn=collate_fn)
     assert list(next(iter(loader))["extra_info"][0].keys())  # the loader goes through __getitems__ too
+
+
+def test_length_filter_measures_the_longest_variant(tmp_path):
+    """verl's own filter keeps both questions; DIVA drops the one whose hinted variant would not fit."""
+    from recipe.diva_grpo.simulation import byte_tokenizer
+
+    tokenizer = byte_tokenizer()  # one token per byte: lengths are easy to reason about
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    rows = [
+        make_row("short", hint_steps=["Add."], paraphrases=["Sum?"], index=0),
+        make_row("long", hint_steps=["x" * 400] * 4, paraphrases=["Sum?"], index=1),
+    ]
+    train = write_parquet(tmp_path / "train.parquet", rows)
+    val = write_parquet(tmp_path / "val.parquet", [make_row("v0")])
+    config = data_config([train], [val], tmp_path / "cache")
+    config.filter_overlong_prompts = True
+    original_length = max(len(r["prompt"][0]["content"].encode()) for r in rows)
+    config.max_prompt_length = original_length + 300  # every original fits; 1,600 bytes of hints do not
+    plain = RLHFDataset(train, tokenizer, config, processor=None)
+    assert len(plain) == 2
+    diva = DivaDataset(train, tokenizer, config, processor=None, split="train")
+    assert diva.question_ids == ["short"]
+    assert len(diva) == 2  # the short question's original and variant
+    assert "__diva_longest_prompt" not in diva.dataframe.column_names

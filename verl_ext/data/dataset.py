@@ -67,6 +67,7 @@ from dataclasses import replace
 from typing import Any
 
 import numpy as np
+import pyarrow.compute as pc
 import torch
 from PIL import Image
 from verl.utils.dataset.rl_dataset import RLHFDataset
@@ -158,6 +159,8 @@ def _content_text(content: Any) -> str:
     return "".join(parts)
 
 
+LONGEST_PROMPT_COLUMN = "__diva_longest_prompt"
+
 # Columns of the DIVA parquet format that only the dataset reads (verl_ext/data/schema.py).
 DIVA_ONLY_COLUMNS = ("question", "paraphrases", "hint_steps", "text_in_image", "difficulty")
 
@@ -170,6 +173,24 @@ def _image_items(messages: list[dict]) -> list[dict]:
         for item in message["content"]
         if item.get("type") == "image"
     ]
+
+
+def _with_rotation_sentence(text: str, degrees: float, num_images: int) -> str:
+    """The question followed by the sentence that states the rotation (positive degrees: counter-clockwise)."""
+    subject = "The image has" if num_images == 1 else "Each image has"
+    direction = "counter-clockwise" if degrees > 0 else "clockwise"
+    return f"{text.strip()}\n{subject} been rotated by {abs(degrees):g} degrees {direction}."
+
+
+def _longest_variant_messages(row: dict, num_images: int, prompt_key: str, max_degrees: float) -> list[dict]:
+    """``row``'s prompt rewritten as the longest text any variant of it can have (see maybe_filter_out_long_prompts)."""
+    texts = [row.get("question") or ""] + list(row.get("paraphrases") or [])
+    longest = _with_rotation_sentence(max(texts, key=len), max_degrees, max(1, num_images))
+    user_text = schema.build_prompt_text(longest, num_images, hint_steps=list(row.get("hint_steps") or []) or None)
+    messages = [dict(m) for m in row[prompt_key]]
+    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    messages[last_user]["content"] = user_text
+    return messages
 
 
 def _passthrough(item: dict) -> Any:
@@ -203,6 +224,34 @@ class DivaDataset(RLHFDataset):
         super().__init__(data_files, tokenizer, config, processor=processor, max_samples=max_samples)
 
     # ----------------------------------------------------------------------------------- loading
+    def maybe_filter_out_long_prompts(self, dataframe=None):
+        """Training: keep a question only if its longest possible variant prompt fits ``data.max_prompt_length``.
+
+        verl measures the stored prompt, but a DIVA question also emits longer ones (a paraphrase, the rotation
+        sentence, all its hint steps), and verl's agent loop refuses, rather than cuts, a multimodal prompt that is
+        too long. So each row is measured, by verl's own filter, as the longest text its variants can have (an upper
+        bound); variant images never have more pixels than the original, so the image tokens are the original's.
+        The longest texts ride in a temporary column (no image bytes are copied); the rows kept are the originals.
+        """
+        needs_diva_measure = self.filter_overlong_prompts and self.is_train and self.variants_per_question > 0
+        if not needs_diva_measure or dataframe is None or schema.missing_columns(dataframe.column_names):
+            return super().maybe_filter_out_long_prompts(dataframe)
+        images = dataframe.select_columns([self.image_key]).with_format("arrow")[:][self.image_key]
+        num_images = pc.fill_null(pc.list_value_length(images), 0).to_pylist()
+        text_columns = [self.prompt_key, "question", "paraphrases", "hint_steps"]
+        max_degrees = max(self.diva_config.variants.rotation_degrees)
+        longest = [
+            _longest_variant_messages(row, n, self.prompt_key, max_degrees)
+            for row, n in zip(dataframe.select_columns(text_columns), num_images, strict=True)
+        ]
+        measured = dataframe.add_column(LONGEST_PROMPT_COLUMN, longest)
+        stored_key, self.prompt_key = self.prompt_key, LONGEST_PROMPT_COLUMN
+        try:
+            kept = super().maybe_filter_out_long_prompts(measured)
+        finally:
+            self.prompt_key = stored_key
+        return kept.remove_columns(LONGEST_PROMPT_COLUMN)
+
     def _read_files_and_tokenize(self):
         super()._read_files_and_tokenize()
         self._index_questions()
@@ -364,11 +413,8 @@ class DivaDataset(RLHFDataset):
                 if name == "text_band":
                     params["text"] = text
             text = TEXT_IN_IMAGE_QUESTION
-        degrees = plan.rotation_degrees
-        if degrees is not None:
-            subject = "The image has" if len(items) == 1 else "Each image has"
-            direction = "counter-clockwise" if degrees > 0 else "clockwise"
-            text = f"{text.strip()}\n{subject} been rotated by {abs(degrees):g} degrees {direction}."
+        if plan.rotation_degrees is not None:
+            text = _with_rotation_sentence(text, plan.rotation_degrees, len(items))
         user_text = schema.build_prompt_text(text, len(items), hint_steps=hint_steps[: plan.hint_steps] or None)
 
         images, pixel_budgets = [], []
