@@ -89,14 +89,20 @@ def test_live_store_restores_base_plus_journal(tmp_path):
     assert u.is_applied("r7") and u.is_applied("r2")
 
 
+def journalled_updates(folder, ids, alphas, steps):
+    """A tracker and its live store after ``steps`` updates, each journalled before it is applied (as the actor)."""
+    tracker = DifficultyTracker()
+    store = LiveStateStore(str(folder))
+    for step in range(steps):
+        record = tracker.compute_update(ids, alphas, step)
+        store.append(record)
+        tracker.apply(record)
+    return tracker, store
+
+
 def test_live_store_skips_records_already_in_base(tmp_path):
     # A crash after writing the base but before emptying the journal must not count updates twice.
-    t = DifficultyTracker()
-    store = LiveStateStore(str(tmp_path))
-    for step in range(3):
-        record = t.compute_update(["a"], [0.0], step)
-        store.append(record)
-        t.apply(record)
+    t, store = journalled_updates(tmp_path, ["a"], [0.0], steps=3)
     save_state(t.state_dict(), store.base_path)  # base written, journal still full
     store.close()
     u = DifficultyTracker()
@@ -105,12 +111,7 @@ def test_live_store_skips_records_already_in_base(tmp_path):
 
 
 def test_torn_last_journal_line_is_dropped_and_cut(tmp_path):
-    t = DifficultyTracker()
-    store = LiveStateStore(str(tmp_path))
-    for step in range(3):
-        record = t.compute_update(["a", "b"], [0.0, 1.0], step)
-        store.append(record)
-        t.apply(record)
+    t, store = journalled_updates(tmp_path, ["a", "b"], [0.0, 1.0], steps=3)
     store.close()
     with open(store.journal_path, "a") as f:
         f.write('{"version": 4, "step": 3, "ids": ["a"')  # died mid-append
@@ -129,12 +130,7 @@ def test_torn_last_journal_line_is_dropped_and_cut(tmp_path):
 
 
 def test_corrupt_middle_journal_line_raises_naming_file_and_line(tmp_path):
-    t = DifficultyTracker()
-    store = LiveStateStore(str(tmp_path))
-    for step in range(3):
-        record = t.compute_update(["a"], [0.0], step)
-        store.append(record)
-        t.apply(record)
+    t, store = journalled_updates(tmp_path, ["a"], [0.0], steps=3)
     store.close()
     lines = open(store.journal_path).read().split("\n")
     lines[1] = "garbage"

@@ -182,15 +182,19 @@ def _with_rotation_sentence(text: str, degrees: float, num_images: int) -> str:
     return f"{text.strip()}\n{subject} been rotated by {abs(degrees):g} degrees {direction}."
 
 
+def _with_last_user_text(messages: list[dict], text: str) -> list[dict]:
+    """``messages`` (copies the caller owns) with the last user turn's content replaced by ``text``."""
+    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
+    messages[last_user]["content"] = text
+    return messages
+
+
 def _longest_variant_messages(row: dict, num_images: int, prompt_key: str, max_degrees: float) -> list[dict]:
     """``row``'s prompt rewritten as the longest text any variant of it can have (see maybe_filter_out_long_prompts)."""
     texts = [row.get("question") or ""] + list(row.get("paraphrases") or [])
     longest = _with_rotation_sentence(max(texts, key=len), max_degrees, max(1, num_images))
     user_text = schema.build_prompt_text(longest, num_images, hint_steps=list(row.get("hint_steps") or []) or None)
-    messages = [dict(m) for m in row[prompt_key]]
-    last_user = max(i for i, m in enumerate(messages) if m["role"] == "user")
-    messages[last_user]["content"] = user_text
-    return messages
+    return _with_last_user_text([dict(m) for m in row[prompt_key]], user_text)
 
 
 def _passthrough(item: dict) -> Any:
@@ -435,8 +439,7 @@ class DivaDataset(RLHFDataset):
                 images.append(_passthrough(item))
 
         texts = [{"role": m["role"], "content": _content_text(m["content"])} for m in messages]
-        last_user = max(i for i, m in enumerate(texts) if m["role"] == "user")
-        texts[last_user]["content"] = user_text
+        texts = _with_last_user_text(texts, user_text)
         new_messages = self._build_messages({self.prompt_key: texts, self.image_key: images}, key=self.prompt_key)
         row["raw_prompt"] = new_messages
         row[self.prompt_key] = new_messages  # verl's row carries the same list under both keys

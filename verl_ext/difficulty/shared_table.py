@@ -49,29 +49,35 @@ class SharedDifficultyTable:
         """Current difficulty of dataset row ``row`` (cheap; safe in DataLoader workers)."""
         return float(self.values[row])
 
+    def _rows_of_snapshot(self, snapshot: Mapping[Hashable, float]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rows, values)`` tensors of the snapshot entries that are rows of this table (others are ignored)."""
+        pairs = [(self._row_of[qid], value) for qid, value in snapshot.items() if qid in self._row_of]
+        rows = torch.as_tensor([row for row, _ in pairs], dtype=torch.long)
+        return rows, torch.as_tensor([value for _, value in pairs], dtype=torch.float64)
+
+    @staticmethod
+    def _as_rows_and_values(rows: Iterable[int], values: Iterable[float]) -> tuple[torch.Tensor, torch.Tensor]:
+        return (
+            torch.as_tensor(np.asarray(list(rows), dtype=np.int64)),
+            torch.as_tensor(np.asarray(list(values), dtype=np.float64)),
+        )
+
     def write_snapshot(self, snapshot: Mapping[Hashable, float]) -> int:
         """Copy ``{question_id: difficulty}`` into the table; ids of other datasets are ignored.
 
         Returns the number of rows written. Vectorised: one index-put for the whole snapshot.
         """
-        rows, vals = [], []
-        for qid, value in snapshot.items():
-            row = self._row_of.get(qid)
-            if row is not None:
-                rows.append(row)
-                vals.append(value)
-        if rows:
-            self.values[torch.as_tensor(rows, dtype=torch.long)] = torch.as_tensor(vals, dtype=torch.float64)
-        return len(rows)
+        rows, values = self._rows_of_snapshot(snapshot)
+        self.values[rows] = values
+        return rows.numel()
 
     def write_rows(self, rows: Iterable[int], values: Iterable[float]) -> None:
-        rows_t = torch.as_tensor(np.asarray(list(rows), dtype=np.int64))
-        self.values[rows_t] = torch.as_tensor(np.asarray(list(values), dtype=np.float64))
+        rows_t, values_t = self._as_rows_and_values(rows, values)
+        self.values[rows_t] = values_t
 
     def set_initial(self, rows: Iterable[int], values: Iterable[float]) -> None:
         """Give ``rows`` their own starting difficulty (e.g. the parquet ``difficulty`` column)."""
-        rows_t = torch.as_tensor(np.asarray(list(rows), dtype=np.int64))
-        start = torch.as_tensor(np.asarray(list(values), dtype=np.float64))
+        rows_t, start = self._as_rows_and_values(rows, values)
         self.values[rows_t] = start
         self.initial[rows_t] = start
 
@@ -86,9 +92,7 @@ class SharedDifficultyTable:
         snapshot moved back at their starting values. Returns the number of rows taken from ``snapshot``.
         """
         fresh = self.initial.clone()
-        rows = [(self._row_of[qid], value) for qid, value in snapshot.items() if qid in self._row_of]
-        if rows:
-            index, values = zip(*rows, strict=True)
-            fresh[torch.as_tensor(index, dtype=torch.long)] = torch.as_tensor(values, dtype=torch.float64)
+        rows, values = self._rows_of_snapshot(snapshot)
+        fresh[rows] = values
         self.values.copy_(fresh)
-        return len(rows)
+        return rows.numel()
