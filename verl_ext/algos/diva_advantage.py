@@ -36,6 +36,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl_ext.algos.checks import (
+    STAT_DTYPE,
+    broadcast_over_mask,
+    check_finite,
+    check_rewards_and_mask,
+    per_response_tensor,
+)
 from verl_ext.algos.group_stats import (
     batch_standardize,
     dense_group_ids,
@@ -44,9 +51,6 @@ from verl_ext.algos.group_stats import (
     group_range,
     group_zscore,
 )
-
-# The O(B) group math runs in float64 whatever the input dtype: it costs nothing next to the (B, T) pass.
-_STAT_DTYPE = torch.float64
 
 
 @torch.no_grad()
@@ -90,7 +94,7 @@ def compute_diva_advantage(
         ValueError: naming the argument, for mismatched shapes or lengths, non-finite rewards or
             difficulties, a mask that is not 0/1, a prompt spread over two questions, bad knobs.
     """
-    _check_rewards_and_mask(token_level_rewards, response_mask)
+    check_rewards_and_mask(token_level_rewards, response_mask)
     if not reward_max > 0 or not np.isfinite(reward_max):
         raise ValueError(f"reward_max must be a positive finite number, got {reward_max}")
     batch_size = token_level_rewards.shape[0]
@@ -98,15 +102,15 @@ def compute_diva_advantage(
 
     # (B,) sequence scores: the only O(B*T) read of the rewards. A non-finite reward makes its row sum non-finite.
     # Summed in the input dtype as verl does (a dtype= argument would cast the whole (B, T) tensor first).
-    scores = token_level_rewards.sum(dim=-1).to(_STAT_DTYPE)
-    _check_finite(scores, "token_level_rewards: every row sum must be finite")
-    d = _difficulty_tensor(difficulty, batch_size, device)
+    scores = token_level_rewards.sum(dim=-1).to(STAT_DTYPE)
+    check_finite(scores, "token_level_rewards: every row sum must be finite")
+    d = per_response_tensor(difficulty, "difficulty", batch_size, device)
 
     prompt_of, num_prompts = dense_group_ids(prompt_index, "prompt_index", batch_size, device)
     question_of, num_questions = dense_group_ids(question_index, "question_index", batch_size, device)
     _check_prompts_nest_in_questions(prompt_of, question_of, num_prompts)
 
-    per_response = torch.zeros(batch_size, dtype=_STAT_DTYPE, device=device)
+    per_response = torch.zeros(batch_size, dtype=STAT_DTYPE, device=device)
     if local_coef != 0:
         spread = group_range(scores, prompt_of, num_prompts)
         local = group_zscore(scores, prompt_of, num_prompts, spread, epsilon)
@@ -121,84 +125,16 @@ def compute_diva_advantage(
         if batch_norm:
             global_ = batch_standardize(global_)
         if k != 0:
-            count = group_count(question_of, num_questions, _STAT_DTYPE)
+            count = group_count(question_of, num_questions, STAT_DTYPE)
             d_offset = d - group_mean(d, question_of, count)[question_of]
             global_ = global_ * torch.exp(k * d_offset * torch.sign(global_))
         if rrb:
             global_ = global_ * (spread[question_of] / reward_max)
         per_response += global_coef * global_
-    _check_finite(per_response, f"advantages overflowed (k={k}, local_coef={local_coef}, global_coef={global_coef})")
+    check_finite(per_response, f"advantages overflowed (k={k}, local_coef={local_coef}, global_coef={global_coef})")
 
-    advantages = _broadcast_over_mask(per_response.to(token_level_rewards.dtype), response_mask)
+    advantages = broadcast_over_mask(per_response.to(token_level_rewards.dtype), response_mask)
     return advantages, advantages
-
-
-def _check_rewards_and_mask(token_level_rewards: Any, response_mask: Any) -> None:
-    if not isinstance(token_level_rewards, torch.Tensor) or not token_level_rewards.is_floating_point():
-        raise ValueError(
-            f"token_level_rewards must be a floating-point torch.Tensor, got {_describe(token_level_rewards)}"
-        )
-    if token_level_rewards.dim() != 2:
-        raise ValueError(f"token_level_rewards must be (B, T), got shape {tuple(token_level_rewards.shape)}")
-    if not isinstance(response_mask, torch.Tensor):
-        raise ValueError(f"response_mask must be a torch.Tensor, got {_describe(response_mask)}")
-    if response_mask.shape != token_level_rewards.shape:
-        raise ValueError(
-            f"response_mask has shape {tuple(response_mask.shape)} but token_level_rewards has "
-            f"{tuple(token_level_rewards.shape)}; they must match"
-        )
-    if response_mask.device != token_level_rewards.device:
-        raise ValueError(
-            f"response_mask is on {response_mask.device} but token_level_rewards on {token_level_rewards.device}"
-        )
-
-
-def _broadcast_over_mask(per_response: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """``(B, T)`` output ``per_response[:, None] * response_mask`` in ``per_response.dtype``, checking that
-    the mask holds only 0 and 1. This is the one O(B*T) write; it reads the mask as few times as its dtype allows:
-
-    - bool / integer mask: torch's mixed-dtype multiply is slow (it converts element by element), so the mask
-      is converted straight into the output buffer, range-checked there (an integer in [0, 1] is 0 or 1; the
-      float copy is half the bytes of int64), then scaled in place. No temporary beyond the output.
-    - floating mask: one fused multiply into the output, after an exact 0/1 check on the mask (range, then
-      "the nonzero entries are exactly the entries equal to 1"), which costs two extra reads of the mask.
-    """
-    advantages = torch.empty(response_mask.shape, dtype=per_response.dtype, device=per_response.device)
-    if response_mask.is_floating_point():
-        if not _is_zero_one(response_mask):
-            _raise_bad_mask(response_mask)
-        return torch.mul(per_response.unsqueeze(-1), response_mask, out=advantages)
-    advantages.copy_(response_mask)
-    if response_mask.dtype != torch.bool and not _is_zero_one(advantages, integer_valued=True):
-        _raise_bad_mask(response_mask)
-    return advantages.mul_(per_response.unsqueeze(-1))
-
-
-def _is_zero_one(mask: torch.Tensor, integer_valued: bool = False) -> bool:
-    """Whether every entry of ``mask`` is 0 or 1; ``integer_valued``: its entries are known to be integers."""
-    if mask.numel() == 0:
-        return True
-    low, high = torch.aminmax(mask)  # NaN makes both comparisons below false
-    if not (bool(low >= 0) and bool(high <= 1)):
-        return False
-    if integer_valued or not mask.is_floating_point():
-        return True  # an integer in [0, 1] is 0 or 1
-    # Values in [0, 1]: 0/1 iff every nonzero entry equals 1 (counting, since sums of floats round).
-    return bool(torch.count_nonzero(mask) == torch.count_nonzero(mask.eq(1)))
-
-
-def _raise_bad_mask(response_mask: torch.Tensor) -> None:
-    bad = ~((response_mask == 0) | (response_mask == 1))
-    row = int(bad.any(dim=-1).nonzero()[0, 0])
-    value = response_mask[row][bad[row]][0].item()
-    raise ValueError(f"response_mask must hold only 0 and 1; row {row} holds {value}")
-
-
-def _check_finite(values: torch.Tensor, what: str) -> None:
-    finite = torch.isfinite(values)
-    if not bool(finite.all()):
-        row = int((~finite).nonzero()[0, 0])
-        raise ValueError(f"{what}; response {row} has {values[row].item()}")
 
 
 def _check_prompts_nest_in_questions(prompt_of: torch.Tensor, question_of: torch.Tensor, num_prompts: int) -> None:
@@ -216,23 +152,3 @@ def _check_prompts_nest_in_questions(prompt_of: torch.Tensor, question_of: torch
             f"prompt_index groups must each lie in one question_index group; the prompt of response {row} "
             "appears under several question ids"
         )
-
-
-def _difficulty_tensor(difficulty: Any, batch_size: int, device: torch.device) -> torch.Tensor:
-    if isinstance(difficulty, torch.Tensor):
-        d = difficulty.detach().to(device=device, dtype=_STAT_DTYPE)
-    else:
-        try:
-            d = torch.as_tensor(np.asarray(difficulty, dtype=np.float64), device=device)
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"difficulty must be numbers, one per response: {err}") from err
-    if d.dim() != 1 or d.shape[0] != batch_size:
-        raise ValueError(f"difficulty must have shape ({batch_size},), one per response, got {tuple(d.shape)}")
-    _check_finite(d, "difficulty: every value must be finite")
-    return d
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor"
-    return type(value).__name__
