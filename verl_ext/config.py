@@ -75,7 +75,8 @@ class DivaConfig(BaseConfig):
     variants: VariantConfig = field(default_factory=VariantConfig)
 
 
-def _build(cls: type, values: Any, path: str):
+def build_config(cls: type, values: Any, path: str):
+    """Instantiate the dataclass ``cls`` from a mapping; an unknown key raises ``ValueError`` naming ``path``."""
     if values is None:
         return cls()
     if isinstance(values, cls):
@@ -91,7 +92,7 @@ def _build(cls: type, values: Any, path: str):
         f = known[name]
         default = f.default_factory() if callable(f.default_factory) else f.default
         if is_dataclass(default):
-            kwargs[name] = _build(type(default), value, f"{path}.{name}")
+            kwargs[name] = build_config(type(default), value, f"{path}.{name}")
         elif isinstance(default, tuple):
             kwargs[name] = tuple(value)
         else:
@@ -99,13 +100,15 @@ def _build(cls: type, values: Any, path: str):
     return cls(**kwargs)
 
 
+def config_block(cls: type, values: Any, key: str):
+    """Typed view of a top-level config block (``DictConfig``, dict or ``None`` for all defaults)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(values, DictConfig):
+        values = OmegaConf.to_container(values, resolve=True)
+    return build_config(cls, values, key)
+
+
 def diva_config_from(values: Any = None) -> DivaConfig:
     """Build a :class:`DivaConfig` from the ``diva:`` block (``DictConfig``, dict or ``None``)."""
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(values, DictConfig):
-            values = OmegaConf.to_container(values, resolve=True)
-    except ImportError:  # pragma: no cover - omegaconf ships with verl
-        pass
-    return _build(DivaConfig, values, "diva")
+    return config_block(DivaConfig, values, "diva")

@@ -27,12 +27,20 @@ def _diva_grpo_needs_the_diva_trainer(token_level_rewards, response_mask, index=
 if ADV_ESTIMATOR_REGISTRY.get(ADV_ESTIMATOR_NAME) is None:
     register_adv_est(ADV_ESTIMATOR_NAME)(_diva_grpo_needs_the_diva_trainer)
 
+# The toolkit's other methods register themselves on import. A plain ``import`` (not ``from ... import``): when
+# verl loads this plugin while ``verl_ext.methods`` itself is being imported, the partial module is fine here,
+# and its modules finish registering once that import completes.
+import verl_ext.methods  # noqa: E402,F401
+
 
 def check_registered() -> None:
-    """Raise ``RuntimeError`` if the ``diva_grpo`` estimator is missing from verl's registry."""
-    if ADV_ESTIMATOR_NAME not in ADV_ESTIMATOR_REGISTRY:
+    """Raise ``RuntimeError`` if ``diva_grpo`` or another toolkit method is missing from verl's registry."""
+    from verl_ext.methods import METHODS
+
+    missing = sorted(name for name in {ADV_ESTIMATOR_NAME, *METHODS} if name not in ADV_ESTIMATOR_REGISTRY)
+    if missing:
         raise RuntimeError(
-            f"advantage estimator {ADV_ESTIMATOR_NAME!r} is not registered with verl. Is this package installed "
+            f"advantage estimator(s) {missing} are not registered with verl. Is this package installed "
             "(`pip install -e .`) so that its `verl.plugins` entry point is visible, and is "
             "VERL_USE_EXTERNAL_PLUGINS not set to 'none'?"
         )

@@ -1,13 +1,13 @@
-"""The DIVA-GRPO trainer: verl's synchronous V1 trainer with the DIVA advantage and a difficulty service.
+"""The DIVA-GRPO trainer: the toolkit trainer with DIVA's variant sampler and difficulty service.
 
-Registered as ``trainer.v1.trainer_mode=diva_grpo``. It overrides only what DIVA changes:
+Registered as ``trainer.v1.trainer_mode=diva_grpo``. The advantage step is the toolkit's shared one
+(:class:`recipe.diva_grpo.toolkit_trainer.ToolkitTrainer`, method :mod:`verl_ext.methods.diva`); this class adds
+only what DIVA changes around it:
 
 * ``_init_dataloader``: the train sampler yields each question's original and variants contiguously
   (:class:`verl_ext.data.sampler.QuestionBlockSampler`), so a whole question group reaches one step;
   the difficulty service is started and its state copied into the dataset's shared table.
-* ``_compute_advantage``: reads ``extra_info`` (question id, variant difficulty) and the reward
-  extras with the rewards from TransferQueue, calls :func:`verl_ext.algos.compute_diva_advantage`,
-  and sends each question's accuracy to the difficulty service (one batched call per step).
+* ``_after_advantage``: sends each question's accuracy to the difficulty service (one batched call per step).
 * ``_save_checkpoint`` / ``_load_checkpoint``: the difficulty state travels with verl's checkpoint,
   in the same ``global_step_N`` folder.
 * ``on_step_end``: collects the difficulty update, refreshes the shared table the data workers read,
@@ -24,30 +24,22 @@ import os
 import shutil
 import tempfile
 import time
-from collections import Counter
 
 import numpy as np
 import torch
-import transfer_queue as tq
 from omegaconf import DictConfig
-from tensordict import TensorDict
 from torchdata.stateful_dataloader import StatefulDataLoader
-from transfer_queue import KVBatchMeta
-from verl.protocol import DataProto
-from verl.trainer.ppo.ray_trainer import apply_kl_penalty
-from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
-from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
+from verl.trainer.ppo.v1 import register_trainer
 from verl.utils.dataset.rl_dataset import collate_fn
-from verl.workers.utils.padding import response_to_nested
 
-from verl_ext.algos import advantage_collapse_rate, compute_diva_advantage
+from recipe.diva_grpo.toolkit_trainer import ToolkitTrainer
 from verl_ext.config import diva_config_from
 from verl_ext.data.dataset import DivaDataset
 from verl_ext.data.sampler import QuestionBlockSampler, check_batch_size
 from verl_ext.difficulty.alphas import per_response_values, question_alphas
 from verl_ext.difficulty.service import DifficultyService, PendingUpdate
+from verl_ext.methods import AdvantageInputs, AdvantageResult
 from verl_ext.plugin import ADV_ESTIMATOR_NAME, check_registered
-from verl_ext.transfer_queue_fields import non_tensor_list
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
@@ -56,18 +48,8 @@ TRAINER_NAME = "diva_grpo"
 
 
 @register_trainer(TRAINER_NAME)
-class DivaTrainer(PPOTrainerSync):
-    """verl's synchronous PPO trainer with DIVA-GRPO's advantage and difficulty tracking."""
-
-    # verl branches on ``trainer_mode != "sync"`` (replay buffer kind, refill granularity, TransferQueue
-    # checkpoints). DIVA runs the synchronous schedule, so it answers "sync" while registered as "diva_grpo".
-    @property
-    def trainer_mode(self) -> str:
-        return "sync"
-
-    @trainer_mode.setter
-    def trainer_mode(self, value: str) -> None:
-        self.registered_mode = value
+class DivaTrainer(ToolkitTrainer):
+    """The toolkit trainer with DIVA-GRPO's question-block sampler and difficulty tracking."""
 
     def __init__(self, config: DictConfig):
         check_registered()
@@ -77,7 +59,6 @@ class DivaTrainer(PPOTrainerSync):
         self.difficulty: DifficultyService | None = None
         self._pending_update: PendingUpdate | None = None
         self._diva_step_metrics: dict = {}
-        self._advantage_kwargs = {k: v for k, v in self.diva.advantage.items() if not k.startswith("_")}
 
     # ------------------------------------------------------------------ setup
 
@@ -169,115 +150,24 @@ class DivaTrainer(PPOTrainerSync):
 
     # ------------------------------------------------------------------ step
 
-    def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        """DIVA advantage over the sampled batch, written back to TransferQueue as verl expects.
-
-        Shapes: B trajectories (one per response; synthetic padding rows from ``_balance_batch`` included),
-        T = longest response. Padding rows get zero advantage and join no group.
-        """
-        t0 = time.perf_counter()
-        fields = ["uid", "response_mask", "rm_scores", "rollout_log_probs", "old_log_probs", "ref_log_prob"]
-        fields += ["extra_info", "extra_fields"]
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
-        response_mask = data["response_mask"]
-        extra_info = non_tensor_list(data.pop("extra_info"))
-        extra_fields = non_tensor_list(data.pop("extra_fields"))
-        uids = np.array(non_tensor_list(data.pop("uid")), dtype=object)
-
-        self._check_single_turn(batch.keys)
-        data = DataProto(batch=data.to_padded_tensor())
-        data.non_tensor_batch["uid"] = uids
-        data.batch["token_level_scores"] = data.batch["rm_scores"]
-        if self.config.algorithm.use_kl_in_reward:
-            data, kl_metrics = apply_kl_penalty(
-                data, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty=self.config.algorithm.kl_penalty
-            )
-            metrics.update(kl_metrics)
-        else:
-            data.batch["token_level_rewards"] = data.batch["token_level_scores"]
-
-        rollout_corr_config = self.config.algorithm.get("rollout_correction", None)
-        bypass = rollout_corr_config and rollout_corr_config.get("bypass_mode", False)
-        rollout_correction = rollout_corr_config is not None and "rollout_log_probs" in data.batch and not bypass
-        if rollout_correction:
-            data, is_metrics = compute_rollout_correction_and_add_to_batch(data, rollout_corr_config)
-            metrics.update(is_metrics)
-
-        # Synthetic padding rows (verl's _balance_batch) copy a real row's extra_info: keep them out of every group.
-        rows = np.flatnonzero([not tag.get("is_padding", False) for tag in batch.tags])
-        idx = torch.as_tensor(rows)
-        infos = [extra_info[i] for i in rows]
-        question_ids = np.array([info["question_id"] for info in infos], dtype=object)
-        difficulty = np.array([float(info["variant_difficulty"]) for info in infos])
-        mask = data.batch["response_mask"][idx]
-        advantages = torch.zeros_like(data.batch["token_level_rewards"])
-        adv_real, _ = compute_diva_advantage(
-            data.batch["token_level_rewards"][idx], mask, uids[rows], question_ids, difficulty, **self._advantage_kwargs
-        )
-        advantages[idx] = adv_real
-        data.batch["advantages"] = advantages
-        data.batch["returns"] = advantages
-        t_adv = time.perf_counter()
-
-        # Outcome scores before any KL penalty: what the difficulty rule and the collapse diagnostics measure.
-        scores = data.batch["token_level_scores"][idx].sum(-1)
+    def _after_advantage(self, inputs: AdvantageInputs, result: AdvantageResult, metrics: dict) -> None:
+        """Send the step's per-question accuracy to the difficulty service (outcome scores before any KL penalty:
+        what the difficulty rule measures)."""
+        super()._after_advantage(inputs, result, metrics)
         self._send_difficulty_update(
-            question_ids,
-            scores,
-            [extra_fields[i] for i in rows],
-            [float(info["question_difficulty"]) for info in infos],
+            result.per_response["question_id"],
+            inputs.scores,
+            inputs.reward_extra_info,
+            [float(d) for d in inputs.info_values("question_difficulty", ADV_ESTIMATOR_NAME)],
         )
-        t_send = time.perf_counter()
 
-        out_fields = ["advantages", "returns"]
-        if self.config.algorithm.use_kl_in_reward:
-            out_fields.append("token_level_rewards")
-        if rollout_correction:
-            out_fields.append("response_mask")
-            if "rollout_is_weights" in data.batch:
-                out_fields.append("rollout_is_weights")
-        output = TensorDict(
-            {name: response_to_nested(data.batch[name], response_mask) for name in out_fields}, batch_size=len(batch)
-        )
-        batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
-
-        metrics.update(self._advantage_metrics(scores, adv_real, mask, uids[rows], question_ids, infos))
-        metrics["diva/timing_s/advantage"] = t_adv - t0
-        metrics["diva/timing_s/difficulty_send"] = t_send - t_adv
-        return batch
-
-    @staticmethod
-    def _check_single_turn(keys: list[str]) -> None:
-        multi = [key for key in keys if not key.endswith("_0")]
-        if multi:
-            raise ValueError(
-                f"DIVA-GRPO scores one response per rollout session, but trajectories {multi[:3]} are later outputs "
-                "of multi-turn sessions. Use the single-turn agent loop (actor_rollout_ref.rollout.agent)."
-            )
-
-    def _advantage_metrics(self, scores, advantages, mask, uids, question_ids, infos) -> dict:
-        """``diva/*`` metrics of the real rows: (R,) scores, (R, T) advantages and mask, R ids and extra_infos."""
-        per_response = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        kinds = Counter(info.get("variant_kind", "original") for info in infos)
-        total = sum(kinds.values()) or 1
-        out = {
-            "diva/collapse_rate/local": advantage_collapse_rate(scores, uids),
-            "diva/collapse_rate/global": advantage_collapse_rate(scores, question_ids),
-            "diva/advantage/mean": per_response.mean().item(),
-            "diva/advantage/std": per_response.std().item() if per_response.numel() > 1 else 0.0,
-            "diva/advantage/max": per_response.max().item(),
-            "diva/advantage/min": per_response.min().item(),
-            "diva/advantage/zero_fraction": (per_response == 0).float().mean().item(),
-            "diva/questions_in_batch": len(set(question_ids.tolist())),
-            "diva/variant_fallbacks": sum(1 for info in infos if info.get("variant_fallback")),
-        }
-        out.update({f"diva/variant_mix/{kind}": count / total for kind, count in sorted(kinds.items())})
-        return out
+    def _timing_after_advantage(self, metrics: dict, seconds: float) -> None:
+        metrics["diva/timing_s/difficulty_send"] = seconds
 
     # ------------------------------------------------------------------ difficulty service
 
     def _send_difficulty_update(
-        self, question_ids: np.ndarray, scores: torch.Tensor, extra_fields: list, planned_difficulty: list[float]
+        self, question_ids: np.ndarray, scores: torch.Tensor, reward_extras: list, planned_difficulty: list[float]
     ) -> None:
         """One batched, non-blocking update: per-question alpha over its original and variants.
 
@@ -285,7 +175,7 @@ class DivaTrainer(PPOTrainerSync):
         point of questions the service has not seen yet, so an initial difficulty from the parquet is honoured.
         """
         source = self.diva.difficulty.alpha_source
-        accuracy = [self._response_accuracy(fields) for fields in extra_fields] if source == "accuracy" else None
+        accuracy = [self._response_accuracy(extras) for extras in reward_extras] if source == "accuracy" else None
         values = per_response_values(accuracy, scores.double().numpy(), source)
         ids, alphas = question_alphas(question_ids.tolist(), values)
         first_plan: dict = {}
@@ -295,8 +185,7 @@ class DivaTrainer(PPOTrainerSync):
         self._pending_update = self.difficulty.update_async(ids, alphas, step=self.global_steps, priors=priors)
 
     @staticmethod
-    def _response_accuracy(extra_fields) -> float:
-        info = extra_fields.get("reward_extra_info", {}) if isinstance(extra_fields, dict) else {}
+    def _response_accuracy(info: dict) -> float:
         if "acc" not in info:
             raise KeyError(
                 "diva.difficulty.alpha_source=accuracy needs the reward function to return an 'acc' key "

@@ -1,0 +1,248 @@
+"""The toolkit trainer: verl's synchronous V1 trainer with one advantage step for every toolkit method.
+
+Registered as ``trainer.v1.trainer_mode=toolkit``; ``algorithm.adv_estimator`` picks the method
+(:mod:`verl_ext.methods`). It overrides only what the methods change:
+
+* ``_compute_advantage``: fetches from TransferQueue what verl's own step fetches plus the fields the method
+  declares (``extra_info``, reward extras, old or blind log-probs, response ids), applies verl's in-reward KL
+  penalty and rollout correction as verl does, hands the real rows (verl's synthetic padding rows excluded:
+  they get zero advantage and join no group) to the method's ``compute``, and writes the advantages back;
+* ``_compute_old_log_prob``: then runs the method's extra pass, if any (PGPO's blind log-probs);
+* ``_fetch_one_gen_batch``: asks the method's batch planner, if any, which prompts to roll out (CoDaPO's
+  resampling), otherwise verl's dataloader;
+* ``_save_checkpoint`` / ``_load_checkpoint``: the planner's state travels in the same ``global_step_N``.
+
+Everything else, ``fit()`` included, is verl's. The DIVA trainer (``recipe/diva_grpo/trainer.py``) is this class
+plus its variant sampler and difficulty service.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import numpy as np
+import torch
+import transfer_queue as tq
+from omegaconf import DictConfig
+from tensordict import TensorDict
+from transfer_queue import KVBatchMeta
+from verl.protocol import DataProto
+from verl.trainer.ppo.ray_trainer import apply_kl_penalty
+from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
+from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
+from verl.workers.utils.padding import response_to_nested
+
+from verl_ext.methods import AdvantageInputs, AdvantageResult, get_method
+from verl_ext.methods.base import TENSOR_NEEDS
+from verl_ext.plugin import check_registered
+from verl_ext.transfer_queue_fields import non_tensor_list
+
+logger = logging.getLogger(__name__)
+logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
+
+TRAINER_NAME = "toolkit"
+
+# What verl's own V1 advantage step fetches (KL penalty and rollout correction read the log-prob fields).
+_VERL_FIELDS = ("uid", "response_mask", "rm_scores", "rollout_log_probs", "old_log_probs", "ref_log_prob")
+
+
+@register_trainer(TRAINER_NAME)
+class ToolkitTrainer(PPOTrainerSync):
+    """verl's synchronous PPO trainer, with the advantage of the toolkit method named by ``adv_estimator``."""
+
+    # verl branches on ``trainer_mode != "sync"`` (replay buffer kind, refill granularity, TransferQueue
+    # checkpoints). The toolkit runs the synchronous schedule, so it answers "sync" whatever name it is registered as.
+    @property
+    def trainer_mode(self) -> str:
+        return "sync"
+
+    @trainer_mode.setter
+    def trainer_mode(self, value: str) -> None:
+        self.registered_mode = value
+
+    def __init__(self, config: DictConfig):
+        check_registered()
+        self.method = get_method(config.algorithm.adv_estimator)
+        self.method_config = self.method.config_from(config)
+        self._check_method_config(config)
+        super().__init__(config)
+        self.batch_planner = self.method.batch_planner(self.method_config) if self.method.batch_planner else None
+
+    def _check_method_config(self, config: DictConfig) -> None:
+        mode = config.trainer.v1.trainer_mode
+        if self.method.trainer_mode != mode:
+            raise ValueError(
+                f"algorithm.adv_estimator={self.method.name} runs with "
+                f"trainer.v1.trainer_mode={self.method.trainer_mode}, got {mode!r}"
+            )
+        if self.method.check_config is not None:
+            self.method.check_config(config, self.method_config)
+
+    # ------------------------------------------------------------------ advantage
+
+    def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        """The method's advantage over the sampled batch, written back to TransferQueue as verl expects.
+
+        Shapes: B trajectories (one per response; synthetic padding rows from ``_balance_batch`` included),
+        T = longest response. Padding rows get zero advantage and are not shown to the method.
+        """
+        t0 = time.perf_counter()
+        needs = self.method.needs
+        fields = [*_VERL_FIELDS, *sorted(needs & TENSOR_NEEDS - set(_VERL_FIELDS))]
+        if "extra_info" in needs:
+            fields.append("extra_info")
+        if "reward_extra_info" in needs:
+            fields.append("extra_fields")
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        response_mask = data["response_mask"]
+        extra_info = non_tensor_list(data.pop("extra_info")) if "extra_info" in needs else None
+        reward_extras = (
+            [self._reward_extras(fields) for fields in non_tensor_list(data.pop("extra_fields"))]
+            if "reward_extra_info" in needs
+            else None
+        )
+        uids = np.array(non_tensor_list(data.pop("uid")), dtype=object)
+
+        self._check_single_turn(batch.keys)
+        data = DataProto(batch=data.to_padded_tensor())
+        data.non_tensor_batch["uid"] = uids
+        data.batch["token_level_scores"] = data.batch["rm_scores"]
+        if self.config.algorithm.use_kl_in_reward:
+            data, kl_metrics = apply_kl_penalty(
+                data, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty=self.config.algorithm.kl_penalty
+            )
+            metrics.update(kl_metrics)
+        else:
+            data.batch["token_level_rewards"] = data.batch["token_level_scores"]
+
+        rollout_corr_config = self.config.algorithm.get("rollout_correction", None)
+        bypass = rollout_corr_config and rollout_corr_config.get("bypass_mode", False)
+        rollout_correction = rollout_corr_config is not None and "rollout_log_probs" in data.batch and not bypass
+        if rollout_correction:
+            data, is_metrics = compute_rollout_correction_and_add_to_batch(data, rollout_corr_config)
+            metrics.update(is_metrics)
+
+        rows = np.flatnonzero([not tag.get("is_padding", False) for tag in batch.tags])
+        idx = torch.as_tensor(rows)
+        inputs = AdvantageInputs(
+            token_level_rewards=data.batch["token_level_rewards"][idx],
+            token_level_scores=data.batch["token_level_scores"][idx],
+            response_mask=data.batch["response_mask"][idx],
+            index=uids[rows],
+            tensors={name: self._response_field(data, name)[idx] for name in sorted(needs & TENSOR_NEEDS)},
+            extra_info=[extra_info[i] for i in rows] if extra_info is not None else None,
+            reward_extra_info=[reward_extras[i] for i in rows] if reward_extras is not None else None,
+            global_step=int(self.global_steps),
+            total_steps=int(getattr(self, "total_training_steps", 0) or 0),
+            tokenizer=getattr(self, "tokenizer", None),
+        )
+        result = self.method.compute(inputs, self.method_config)
+        advantages = torch.zeros_like(data.batch["token_level_rewards"])
+        advantages[idx] = result.advantages.to(advantages.dtype)
+        returns = torch.zeros_like(advantages)
+        returns[idx] = result.returns.to(returns.dtype)
+        data.batch["advantages"] = advantages
+        data.batch["returns"] = returns
+        t_adv = time.perf_counter()
+        self._after_advantage(inputs, result, metrics)
+        t_after = time.perf_counter()
+
+        out_fields = ["advantages", "returns"]
+        if self.config.algorithm.use_kl_in_reward:
+            out_fields.append("token_level_rewards")
+        if rollout_correction:
+            out_fields.append("response_mask")
+            if "rollout_is_weights" in data.batch:
+                out_fields.append("rollout_is_weights")
+        output = TensorDict(
+            {name: response_to_nested(data.batch[name], response_mask) for name in out_fields}, batch_size=len(batch)
+        )
+        batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+
+        metrics.update(result.metrics)
+        prefix = self.method.prefix
+        metrics[f"{prefix}/timing_s/advantage"] = t_adv - t0
+        self._timing_after_advantage(metrics, t_after - t_adv)
+        return batch
+
+    @staticmethod
+    def _response_field(data: DataProto, name: str) -> torch.Tensor:
+        if name not in data.batch.keys():
+            raise KeyError(f"TransferQueue holds no {name!r} for this batch: the step that writes it did not run")
+        return data.batch[name]
+
+    @staticmethod
+    def _reward_extras(extra_fields) -> dict:
+        return extra_fields.get("reward_extra_info", {}) if isinstance(extra_fields, dict) else {}
+
+    @staticmethod
+    def _check_single_turn(keys: list[str]) -> None:
+        multi = [key for key in keys if not key.endswith("_0")]
+        if multi:
+            raise ValueError(
+                f"the toolkit's advantages score one response per rollout session, but trajectories {multi[:3]} are "
+                "later outputs of multi-turn sessions. Use the single-turn agent loop "
+                "(actor_rollout_ref.rollout.agent)."
+            )
+
+    def _after_advantage(self, inputs: AdvantageInputs, result: AdvantageResult, metrics: dict) -> None:
+        """What else the step learns from its advantage: the batch planner observes it (subclasses add more)."""
+        if self.batch_planner is not None:
+            self.batch_planner.observe(inputs, result)
+            metrics.update(self.batch_planner.metrics())
+
+    def _timing_after_advantage(self, metrics: dict, seconds: float) -> None:
+        if self.batch_planner is not None:
+            metrics[f"{self.method.prefix}/timing_s/planner"] = seconds
+
+    # ------------------------------------------------------------------ extra pass
+
+    def _compute_old_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
+        batch = super()._compute_old_log_prob(batch, metrics)
+        if self.method.pre_advantage is not None:
+            batch = self.method.pre_advantage(self, batch, metrics, self.method_config)
+        return batch
+
+    # ------------------------------------------------------------------ batches
+
+    def _fetch_one_gen_batch(self):
+        """verl's next dataloader batch, unless the method's planner names the prompts to roll out instead."""
+        if self.batch_planner is None:
+            return super()._fetch_one_gen_batch()
+        size = self.config.data.get("gen_batch_size", None) or self.config.data.train_batch_size
+        planned = self.batch_planner.plan(size)
+        if planned is None:
+            return super()._fetch_one_gen_batch()
+        from recipe.diva_grpo.planned_batches import batch_of_questions
+
+        return batch_of_questions(self.train_dataset, planned)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _planner_state_path(self, step_folder: str) -> str:
+        return os.path.join(step_folder, f"{self.method.name}_planner.json")
+
+    def _save_checkpoint(self):
+        # Before verl's save, which ends by marking the step folder as the latest checkpoint.
+        if self.batch_planner is not None:
+            from verl_ext.difficulty.persistence import save_state
+
+            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
+            save_state(self.batch_planner.state_dict(), self._planner_state_path(os.path.abspath(folder)))
+        super()._save_checkpoint()
+
+    def _checkpoint_folder(self) -> str:
+        if self.config.trainer.resume_mode == "resume_path":
+            return os.path.abspath(self.config.trainer.resume_from_path)
+        return os.path.abspath(os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}"))
+
+    def _load_checkpoint(self):
+        super()._load_checkpoint()
+        if self.global_steps > 0 and self.batch_planner is not None:
+            from verl_ext.difficulty.persistence import load_state
+
+            path = self._planner_state_path(self._checkpoint_folder())
+            self.batch_planner.load_state_dict(load_state(path))
+            logger.info("%s batch planner restored from %s", self.method.name, path)
