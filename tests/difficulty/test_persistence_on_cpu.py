@@ -154,3 +154,70 @@ def test_compaction_keeps_the_journal_short(tmp_path):
     u = DifficultyTracker()
     LiveStateStore(str(tmp_path)).restore_into(u)
     assert u.state_of("q0")["updates"] == 400
+
+
+def test_non_utf8_byte_fails_naming_the_file(tmp_path):
+    path = str(tmp_path / STATE_FILENAME)
+    save_state(trained_tracker().state_dict(), path)
+    raw = bytearray(open(path, "rb").read())
+    position = raw.index(b'"difficulty"') + 3
+    raw[position] = 0xFF
+    open(path, "wb").write(bytes(raw))
+    with pytest.raises(DifficultyStateFileError, match="not UTF-8") as err:
+        load_state(path)
+    assert path in str(err.value) and f"byte {position}" in str(err.value)
+
+
+def test_every_single_byte_change_fails_with_the_project_error(tmp_path):
+    """Any one byte of a state file replaced by any of several values: the project's error naming the file, or
+    (never, for a checksummed file) the same state. No other exception type ever escapes."""
+    t = DifficultyTracker()
+    t.update(["a", "b", 7], [0.0, 1.0, 0.5], 0)
+    path = str(tmp_path / STATE_FILENAME)
+    save_state(t.state_dict(), path)
+    original = open(path, "rb").read()
+    expected = load_state(path)
+    replacements = (0xFF, 0x80, 0xC3, 0x00, ord("9"), ord('"'), ord("{"), ord("e"))
+    failures = 0
+    for position in range(len(original)):
+        for value in replacements:
+            if original[position] == value:
+                continue
+            damaged = bytearray(original)
+            damaged[position] = value
+            open(path, "wb").write(bytes(damaged))
+            try:
+                state = load_state(path)
+            except DifficultyStateFileError as err:
+                assert path in str(err), str(err)
+                failures += 1
+            else:
+                assert state == expected, (position, value)
+    assert failures > 0.99 * len(original) * (len(replacements) - 1)
+
+
+def test_unreadable_path_fails_naming_the_file(tmp_path):
+    path = tmp_path / STATE_FILENAME
+    path.mkdir()  # a folder where the file should be: reading it is an OSError
+    with pytest.raises(DifficultyStateFileError, match="cannot be read") as err:
+        load_state(str(path))
+    assert str(path) in str(err.value)
+
+
+def test_out_of_range_number_fails_naming_the_file(tmp_path):
+    path = str(tmp_path / STATE_FILENAME)
+    open(path, "w").write('{"sha256": "00", "state": {"version": 1e999}}')
+    with pytest.raises(DifficultyStateFileError, match="corrupt") as err:
+        load_state(path)
+    assert path in str(err.value)
+
+
+def test_non_utf8_journal_line_raises_naming_file_and_line(tmp_path):
+    t, store = journalled_updates(tmp_path, ["a"], [0.0], steps=3)
+    store.close()
+    lines = open(store.journal_path, "rb").read().split(b"\n")
+    lines[2] = lines[2][:5] + b"\xff" + lines[2][6:]
+    open(store.journal_path, "wb").write(b"\n".join(lines))
+    with pytest.raises(DifficultyStateFileError, match="line 3") as err:
+        LiveStateStore(str(tmp_path)).restore_into(DifficultyTracker())
+    assert store.journal_path in str(err.value)

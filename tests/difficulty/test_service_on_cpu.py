@@ -178,3 +178,20 @@ def test_refresh_copies_only_changes_into_the_shared_table():
     service.finish(first)
     np.testing.assert_array_equal(table.values.numpy(), service.difficulties(ids))
     assert service.refresh() == 0
+
+
+def test_non_utf8_checkpoint_file_fails_naming_it_and_keeps_state(tmp_path):
+    service = DifficultyService.get_or_create("ckpt_non_utf8")
+    service.update(["a", "b"], [0.0, 1.0], 1)
+    step_folder = tmp_path / "global_step_1"
+    path = service.save(str(step_folder))
+    raw = bytearray(open(path, "rb").read())
+    raw[len(raw) // 2] = 0xFF  # one byte changed to a value that is not UTF-8
+    open(path, "wb").write(bytes(raw))
+    service.update(["a"], [0.0], 2)
+    before = service.snapshot()
+    with pytest.raises(DifficultyStateFileError, match="not UTF-8") as err:
+        service.load(str(step_folder))
+    assert path in str(err.value)
+    assert service.snapshot() == before
+    assert service.update(["b"], [1.0], 3)["diva/difficulty/questions_seen"] == 2.0  # the actor still serves

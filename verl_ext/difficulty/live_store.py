@@ -82,11 +82,12 @@ class LiveStateStore:
             )
             # Cut it off now, or the next append would glue a good record onto it.
             os.truncate(self.journal_path, complete)
-        lines = raw[:complete].decode("utf-8").split("\n")[:-1]
+        lines = raw[:complete].split(b"\n")[:-1]
         for number, line in enumerate(lines, start=1):
             try:
-                yield UpdateRecord.from_json(json.loads(line))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as err:
+                # UnicodeDecodeError is a ValueError: a line that is not UTF-8 is a corrupt record like any other.
+                yield UpdateRecord.from_json(json.loads(line.decode("utf-8")))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError, RecursionError) as err:
                 raise DifficultyStateFileError(
                     f"{self.journal_path}, line {number}: corrupt journal record ({type(err).__name__}: {err})"
                 ) from None

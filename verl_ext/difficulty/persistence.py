@@ -6,8 +6,8 @@ beside verl's ``actor/`` and ``data.pt`` of the same step, and is read back on r
 File layout (one JSON object): ``{"sha256": <hex digest of the state text>, "state": <state>}`` where the
 state text is ``json.dumps(state, sort_keys=True, separators=(",", ":"))``. Writing goes to a temporary file in
 the same folder, fsync, then ``os.replace`` (atomic on POSIX), so a reader sees the old file or the new one,
-never half of one. A truncated or edited file fails the JSON parse or the checksum and raises
-:class:`DifficultyStateFileError` naming the file: difficulties are never silently reset.
+never half of one. A truncated, edited or unreadable file (bytes that are not UTF-8, no read permission) fails
+and raises :class:`DifficultyStateFileError` naming the file: difficulties are never silently reset.
 """
 
 from __future__ import annotations
@@ -72,18 +72,39 @@ def load_state(path: str) -> dict:
             f"difficulty state file {path} does not exist; a DIVA checkpoint step folder must hold one "
             "(saved by the difficulty service with the checkpoint). Refusing to reset difficulties silently."
         )
-    with open(path, encoding="utf-8") as f:
-        raw = f.read()
+    # Bytes first: every way the file can be unreadable (no permission, a folder, bytes that are not UTF-8, JSON
+    # that is not a state, numbers out of range) becomes the one error naming the file, never a bare traceback.
     try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as err:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as err:
+        raise DifficultyStateFileError(
+            f"difficulty state file {path} cannot be read ({type(err).__name__}: {err.strerror or err}). "
+            "Check its permissions, or resume from another checkpoint step."
+        ) from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise DifficultyStateFileError(
+            f"difficulty state file {path} is corrupt: byte {err.start} (0x{raw[err.start]:02x}) is not UTF-8 "
+            f"({len(raw)} bytes). Restore it from a backup or resume from another checkpoint step."
+        ) from None
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as err:
         raise DifficultyStateFileError(
             f"difficulty state file {path} is partial or corrupt ({len(raw)} bytes; JSON error: {err}). "
             "Restore it from a backup or resume from another checkpoint step."
         ) from None
-    if not isinstance(data, dict) or set(data) != {"sha256", "state"}:
+    if not isinstance(data, dict) or set(data) != {"sha256", "state"} or not isinstance(data["sha256"], str):
         raise DifficultyStateFileError(f"{path} is not a difficulty state file (expected keys 'sha256' and 'state')")
-    digest = hashlib.sha256(_canonical(data["state"]).encode("utf-8")).hexdigest()
+    try:
+        digest = hashlib.sha256(_canonical(data["state"]).encode("utf-8")).hexdigest()
+    except (ValueError, RecursionError) as err:  # e.g. 1e999 parses to inf, which a state never holds
+        raise DifficultyStateFileError(
+            f"difficulty state file {path} is corrupt ({type(err).__name__}: {err}). "
+            "Restore it from a backup or resume from another checkpoint step."
+        ) from None
     if digest != data["sha256"]:
         raise DifficultyStateFileError(
             f"difficulty state file {path} fails its checksum (stored {data['sha256']}, computed {digest}); "

@@ -342,7 +342,7 @@ class DifficultyTracker:
             last_alpha = np.asarray([math.nan if a is None else a for a in q["last_alpha"]], dtype=np.float64)
             version = int(state["version"])
             recent = [str(r) for r in state.get("recent_requests", [])]
-        except (KeyError, TypeError, ValueError) as err:
+        except (KeyError, TypeError, ValueError, OverflowError) as err:  # OverflowError: an int beyond int64
             raise ValueError(f"difficulty state is malformed: {type(err).__name__}: {err}") from None
         n = len(ids)
         for key, arr in (
