@@ -91,6 +91,15 @@ def _row(batch: TensorDict, i: int) -> dict:
     return out
 
 
+def scripted_log_probs(input_ids: torch.Tensor) -> torch.Tensor:
+    """The stand-in actor's log-probs of one sequence, aligned as a model's output: position ``j`` scores token
+    ``j + 1`` (verl's ``response_from_nested`` shifts by one), ``-(0.05 + (token % 13) / 20)``; the last is 0."""
+    following = torch.roll(input_ids.to(torch.int64), -1)
+    out = -(0.05 + (following % 13).to(torch.float32) / 20)
+    out[-1] = 0.0
+    return out
+
+
 class SimulatedAgentLoopManager:
     """Stands in for ``AgentLoopManagerTQ`` + vLLM: writes scored trajectories into TransferQueue.
 
@@ -169,8 +178,9 @@ class SimulatedAgentLoopManager:
 class SimulatedActorWorkerGroup:
     """Stands in for the FSDP actor worker group: no model, same TransferQueue contract.
 
-    ``compute_log_prob`` writes zero log-probs/entropy; ``update_actor`` reads the advantages verl's
-    update would consume and keeps them in ``updates`` (one dict per step) for inspection.
+    ``compute_log_prob`` writes scripted log-probs (:func:`scripted_log_probs`: a fixed function of each next
+    token, so responses differ in confidence as a model's would) and zero entropy; ``update_actor`` reads the
+    advantages verl's update would consume and keeps them in ``updates`` (one dict per step) for inspection.
     """
 
     def __init__(self, dp_size: int = 1):
@@ -184,12 +194,15 @@ class SimulatedActorWorkerGroup:
 
     def compute_log_prob(self, batch: KVBatchMeta) -> KVBatchMeta:
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["input_ids"])
-        zeros = [torch.zeros(int(n), dtype=torch.float32) for n in data["input_ids"].offsets().diff().tolist()]
-        nested = torch.nested.as_nested_tensor(zeros, layout=torch.jagged)
+        sequences = data["input_ids"].unbind()
+        log_probs = torch.nested.as_nested_tensor([scripted_log_probs(ids) for ids in sequences], layout=torch.jagged)
+        entropy = torch.nested.as_nested_tensor(
+            [torch.zeros(ids.numel(), dtype=torch.float32) for ids in sequences], layout=torch.jagged
+        )
         tq.kv_batch_put(
             keys=batch.keys,
             partition_id=batch.partition_id,
-            fields=TensorDict({"log_probs": nested, "entropy": nested.clone()}, batch_size=len(batch)),
+            fields=TensorDict({"log_probs": log_probs, "entropy": entropy}, batch_size=len(batch)),
         )
         return batch
 
