@@ -30,6 +30,9 @@ if ! command -v ray >/dev/null 2>&1; then
   exit 2
 fi
 
+# The data files, checked in about a second before any Ray process starts (the job checks them again).
+python -m recipe.diva_grpo.prelaunch "$@" || exit 2
+
 HEAD_PID=""
 RAY_TMP=""
 cleanup() {

@@ -73,7 +73,7 @@ from PIL import Image
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from verl_ext.config import diva_config_from
-from verl_ext.data import schema
+from verl_ext.data import file_checks, schema
 from verl_ext.data.perturb import apply_perturbations
 from verl_ext.data.planner import ORIGINAL_PLAN, TEXT_IN_IMAGE, RowFeatures, VariantPlan, get_planner
 from verl_ext.difficulty.shared_table import SharedDifficultyTable
@@ -96,18 +96,6 @@ EXTRA_INFO_KEYS = (
 )
 
 
-def _normalised_files(files: Any) -> frozenset[str] | None:
-    if files is None:
-        return None
-    if isinstance(files, str | os.PathLike):
-        files = [files]
-    out = set()
-    for f in files:
-        f = os.fspath(f)
-        out.add(f if "://" in f else os.path.abspath(os.path.expanduser(f)))
-    return frozenset(out)
-
-
 def resolve_split(data_files: Any, data_config: Any, split: str | None = None) -> str:
     """Decide whether a dataset is the training or the validation set.
 
@@ -123,16 +111,12 @@ def resolve_split(data_files: Any, data_config: Any, split: str | None = None) -
         if split not in (TRAIN, VAL):
             raise ValueError(f"DivaDataset split must be '{TRAIN}' or '{VAL}', got {split!r} (data.diva_split)")
         return split
-    files = _normalised_files(data_files)
-    train = _normalised_files(data_config.get("train_files", None))
-    val = _normalised_files(data_config.get("val_files", None))
+    files = file_checks.normalised_files(data_files)
+    train = file_checks.normalised_files(data_config.get("train_files", None))
+    val = file_checks.normalised_files(data_config.get("val_files", None))
     is_train, is_val = files == train, files == val
     if is_train and is_val:
-        raise ValueError(
-            f"DivaDataset: data.train_files and data.val_files are the same files {sorted(files)}, so the "
-            "dataset cannot tell training (expanded with variants) from validation (never perturbed). "
-            "Point data.val_files at a separate file (a copy is fine)."
-        )
+        raise file_checks.same_files_error(files)
     if is_train:
         return TRAIN
     if is_val:
@@ -257,6 +241,11 @@ class DivaDataset(RLHFDataset):
         return kept.remove_columns(LONGEST_PROMPT_COLUMN)
 
     def _read_files_and_tokenize(self):
+        # The launcher ran the same check before Ray started (verl_ext.data.file_checks); here it covers runs
+        # started by other means and files verl copied from remote storage.
+        for path in self.data_files:
+            if str(path).endswith(file_checks.PARQUET_SUFFIX):
+                file_checks.parquet_columns(str(path))
         super()._read_files_and_tokenize()
         self._index_questions()
 
@@ -265,12 +254,7 @@ class DivaDataset(RLHFDataset):
         names = self.dataframe.column_names
         files = list(getattr(self, "original_data_files", self.data_files))
         if self.is_train:
-            missing = schema.missing_columns(names)
-            if missing:
-                raise ValueError(
-                    f"DivaDataset: training files {files} lack the DIVA column(s) {missing}; build them with the "
-                    "project's data-prep CLI (format: verl_ext/data/schema.py)"
-                )
+            file_checks.check_diva_columns(names, files)
         columns = [c for c in ("extra_info", "difficulty") if c in names]
         table = self.dataframe.select_columns(columns).with_format("arrow")[:] if columns else None
         ids: list[Any] = [None] * len(self.dataframe)

@@ -1,0 +1,106 @@
+"""The launcher's data check before Ray starts (recipe/diva_grpo/prelaunch.py), through the real launch scripts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from data_prep.synth import synth
+from recipe.diva_grpo.prelaunch import check_launch, launch_config, main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("prelaunch")
+    train, val, plain = root / "train.parquet", root / "val.parquet", root / "plain.parquet"
+    synth(str(train), 6, seed=0, split="train")
+    synth(str(val), 3, seed=1, split="test")
+    pq.write_table(pq.read_table(train).drop_columns(["hint_steps"]), plain)
+    return train, val, plain
+
+
+def launch(tmp_path, **env) -> tuple[subprocess.CompletedProcess, float]:
+    run_env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DRY_RUN", "DIVA_PRINT_ONLY")}
+    run_env.update(CKPT_DIR=str(tmp_path / "ckpt"), **env)
+    started = time.monotonic()
+    out = subprocess.run(
+        ["bash", "run_scripts/qwen25vl7b_diva.sh"], cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=300
+    )
+    return out, time.monotonic() - started
+
+
+def test_same_file_is_refused_before_any_ray_process(files, tmp_path):
+    train, _, _ = files
+    out, elapsed = launch(tmp_path, DRY_RUN="1", TRAIN_FILES=str(train), VAL_FILES=str(train))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "data.train_files and data.val_files are the same files" in out.stderr and str(train) in out.stderr
+    assert "Ray head" not in out.stdout and "Traceback" not in out.stderr
+    assert elapsed < 60  # seconds, not a minute of Ray start-up (generous for a loaded CI machine)
+
+
+def test_missing_diva_columns_refused_before_submitting_to_a_cluster(files, tmp_path):
+    _, val, plain = files
+    # A cluster address that is never reached: the check runs before `ray job submit`.
+    out, _ = launch(tmp_path, RAY_ADDRESS="http://127.0.0.1:9", TRAIN_FILES=str(plain), VAL_FILES=str(val))
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "lack the DIVA column(s) ['hint_steps']" in out.stderr and str(plain) in out.stderr
+    assert "submitting" not in out.stdout
+
+
+def test_good_files_pass_and_the_metrics_log_folder_is_created(files, tmp_path, capsys):
+    train, val, _ = files
+    log = tmp_path / "run" / "logs" / "metrics.jsonl"
+    overrides = [
+        f"data.train_files={train}",
+        f"data.val_files={val}",
+        f"+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH={log}",
+    ]
+    assert main(overrides) == 0
+    assert "data files OK" in capsys.readouterr().out
+    assert log.parent.is_dir() and not log.exists()
+
+
+def test_preflight_defaults_and_remote_paths_are_left_to_the_job(files, tmp_path):
+    train, _, _ = files
+    default = [f"data.train_files={ROOT}/data/diva_train.parquet", f"data.val_files={ROOT}/data/diva_val.parquet"]
+    if not (ROOT / "data" / "diva_train.parquet").exists():
+        # DRY_RUN: the preflight writes a synthetic set when the recipe's default files are absent
+        assert check_launch([*default, "diva.dry_run=true"], remote=False)["checked"] == []
+        with pytest.raises(ValueError, match="does not exist"):
+            check_launch(default, remote=False)
+    # a path only the cluster sees
+    elsewhere = str(tmp_path / "cluster_only" / "val.parquet")
+    report = check_launch([f"data.train_files={train}", f"data.val_files={elsewhere}"], remote=True)
+    assert report["skipped"] == [elsewhere] and report["checked"] == [str(train)]
+
+
+def test_grpo_baseline_checks_readability_only(files):
+    _, _, plain = files
+    overrides = [f"data.train_files={plain}", f"data.val_files={plain}", "data.custom_cls.path=null"]
+    overrides.append("data.custom_cls.name=null")
+    assert check_launch(overrides, remote=False)["checked"] == [str(plain)] * 2
+
+
+def test_overrides_compose_like_hydra():
+    cfg = launch_config(["data.train_files=[a.parquet,b.parquet]", "~trainer.logger", "+x.y=1", "++diva.dry_run=true"])
+    assert list(cfg.data.train_files) == ["a.parquet", "b.parquet"]
+    assert "logger" not in cfg.trainer and cfg.x.y == 1 and cfg.diva.dry_run is True
+
+
+def test_check_imports_neither_torch_nor_ray(files):
+    train, val, _ = files
+    code = (
+        "import sys; from recipe.diva_grpo.prelaunch import check_launch; "
+        f"check_launch(['data.train_files={train}', 'data.val_files={val}'], remote=False); "
+        "print(sorted(m for m in ('torch', 'ray', 'verl') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
