@@ -5,6 +5,14 @@ from verl_ext.algos.codapo import compute_codapo_advantage
 from verl_ext.algos.collapse import advantage_collapse_rate
 from verl_ext.algos.diva_advantage import compute_diva_advantage
 from verl_ext.algos.durian import compute_durian_advantage, durian_metrics
+from verl_ext.algos.mupo import (
+    add_diversity_reward,
+    compute_mupo_advantage,
+    mupo_diversity,
+    mupo_lambda,
+    mupo_metrics,
+    mupo_partition,
+)
 
 __all__ = [
     "avspo_collapse_rates",
@@ -14,4 +22,10 @@ __all__ = [
     "compute_diva_advantage",
     "compute_durian_advantage",
     "durian_metrics",
+    "add_diversity_reward",
+    "compute_mupo_advantage",
+    "mupo_diversity",
+    "mupo_lambda",
+    "mupo_metrics",
+    "mupo_partition",
 ]
