@@ -33,6 +33,18 @@ if ADV_ESTIMATOR_REGISTRY.get(ADV_ESTIMATOR_NAME) is None:
 import verl_ext.methods  # noqa: E402,F401
 
 
+def _register_cpu_training() -> None:
+    """verl_ext/cpu: the "cpu" platform (never auto-detected) and the "hf_cpu" rollout are only names in verl's
+    registries; the CPU patches apply only when this process runs with VERL_PLATFORM=cpu."""
+    from verl_ext import cpu
+
+    cpu.register()
+    cpu.activate()
+
+
+_register_cpu_training()
+
+
 def check_registered() -> None:
     """Raise ``RuntimeError`` if ``diva_grpo`` or another toolkit method is missing from verl's registry."""
     from verl_ext.methods import METHODS

@@ -3,6 +3,10 @@
 The same as verl's ``verl.trainer.main_ppo`` except that the task runner registers the DIVA trainer
 in its own process before verl looks the trainer up, and that ``diva.dry_run=true`` runs the CPU
 preflight (:mod:`recipe.diva_grpo.preflight`) instead of training.
+
+CPU mode (``VERL_PLATFORM=cpu`` in every process, see :mod:`verl_ext.cpu` and ``run_scripts/tiny_cpu.sh``):
+real training on the CPU with verl's trainer, workers and the ``hf_cpu`` rollout; the GPU check is skipped.
+When ``DIVA_CPU_PROBE_DIR`` is set, the task runner records what the actor consumed (:mod:`verl_ext.cpu.probe`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 
+from verl_ext.cpu import cpu_mode_requested
+from verl_ext.cpu.probe import PROBE_ENV, install_probe
+from verl_ext.cpu.session import format_summary, pop_cpu_run_block, train_then_resume
+
 
 @ray.remote(num_cpus=1)
 class DivaTaskRunner(TaskRunnerV1.__ray_actor_class__):
@@ -27,6 +35,9 @@ class DivaTaskRunner(TaskRunnerV1.__ray_actor_class__):
         from verl_ext.plugin import check_registered
 
         check_registered()
+        probe_dir = os.environ.get(PROBE_ENV)
+        if probe_dir:
+            install_probe(config.trainer.v1.trainer_mode, probe_dir)
         return super().run(config)
 
 
@@ -46,6 +57,13 @@ def require_gpus() -> None:
         )
 
 
+def train(config: DictConfig) -> None:
+    """Validate ``config`` as verl's ``main_ppo`` does and run it with the DIVA task runner."""
+    auto_set_device(config)
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    run_ppo(config, task_runner_class=DivaTaskRunner)
+
+
 @hydra.main(config_path="config", config_name="diva_grpo", version_base=None)
 def main(config: DictConfig) -> None:
     if config.diva.get("dry_run", False):
@@ -53,10 +71,19 @@ def main(config: DictConfig) -> None:
 
         run_preflight(config)
         return
-    require_gpus()
-    auto_set_device(config)
-    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    run_ppo(config, task_runner_class=DivaTaskRunner)
+    # `cpu_run` (run_scripts/tiny_cpu.sh): train, resume from the checkpoint, check and print a summary.
+    cpu_run = pop_cpu_run_block(config)
+    # Explicit CPU mode only (VERL_PLATFORM=cpu): a GPU job never skips the check by accident.
+    if not cpu_mode_requested():
+        if cpu_run:
+            raise SystemExit("cpu_run needs the CPU mode: VERL_PLATFORM=cpu in every process (run_scripts/tiny_cpu.sh)")
+        require_gpus()
+    if cpu_run.get("resume_steps"):
+        summary = train_then_resume(config, train, int(cpu_run["resume_steps"]))
+        print(format_summary(summary), flush=True)
+        print("[cpu] PASSED: real rollouts, rewards, actor updates, weight sync, checkpoint and resume", flush=True)
+        return
+    train(config)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,162 @@
+"""A CPU training session: train, resume from the checkpoint for more steps, check and print a summary.
+
+:func:`train_then_resume` is what ``run_scripts/tiny_cpu.sh`` runs (through the recipe's entry point, in one Ray
+job): verl's own ``run_ppo`` twice in one driver, the second time with ``trainer.resume_mode=auto`` on the first
+run's checkpoint folder, under another experiment name so that nothing of the first run (its difficulty service
+actor above all) is found in memory: the resumed state can only come from the checkpoint. :func:`summarize` reads
+what the runs wrote (verl's file-logger metrics, the checkpoint, :mod:`verl_ext.cpu.probe` records) and checks
+the facts a real run must show; :func:`format_summary` prints them like the preflight's summary.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from copy import deepcopy
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from verl_ext.cpu.probe import PROBE_ENV
+
+# The largest mean |rollout log-prob - actor log-prob| per token accepted as "the weights were synced".
+# Float32 on both sides: ~1e-6 is seen with the sync; a missed sync after a 1e-3 Adam step is orders larger.
+LOGPROB_TOLERANCE = 1e-3
+RESUMED_SUFFIX = "_resumed"
+
+
+class CpuRunError(RuntimeError):
+    """A CPU run finished but does not show what a real training run must (the message says what)."""
+
+
+def _wait_for_named_actors(before: set, timeout_s: float = 120.0) -> None:
+    """Wait until the named actors a finished run created are gone (they are killed with their task runner);
+    a second run would otherwise meet the first one's rollout server under the same name."""
+    import ray
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        alive = {(a["namespace"], a["name"]) for a in ray.util.list_named_actors(all_namespaces=True)}
+        if alive <= before:
+            return
+        time.sleep(0.5)
+    raise CpuRunError(f"actors {sorted(alive - before)[:5]} of the finished run are still alive after {timeout_s}s")
+
+
+def resumed_config(config: DictConfig, more_steps: int) -> DictConfig:
+    """The config of the resumed run: ``more_steps`` more steps from the last checkpoint, another experiment name."""
+    cfg = deepcopy(config)
+    with open_dict(cfg):
+        cfg.trainer.total_training_steps = int(config.trainer.total_training_steps) + more_steps
+        cfg.trainer.experiment_name = f"{config.trainer.experiment_name}{RESUMED_SUFFIX}"
+        cfg.trainer.resume_mode = "auto"
+    return cfg
+
+
+def train_then_resume(config: DictConfig, train: Callable[[DictConfig], None], resume_steps: int) -> dict:
+    """Run ``train(config)``, then ``train`` on :func:`resumed_config`; returns :func:`summarize`'s summary."""
+    import ray
+
+    started = time.perf_counter()
+    steps = int(config.trainer.total_training_steps)
+    if config.trainer.save_freq <= 0 or steps % config.trainer.save_freq:
+        raise ValueError(
+            f"trainer.save_freq={config.trainer.save_freq} saves no checkpoint at step {steps} (trainer."
+            "total_training_steps) to resume from; use a divisor of it"
+        )
+    before = None
+    if ray.is_initialized():
+        before = {(a["namespace"], a["name"]) for a in ray.util.list_named_actors(all_namespaces=True)}
+    train(config)
+    if before is not None:
+        _wait_for_named_actors(before)
+    train(resumed_config(config, resume_steps))
+    summary = summarize(config, resume_steps)
+    summary["seconds"] = round(time.perf_counter() - started, 1)
+    return summary
+
+
+def _read_metrics(config: DictConfig, experiment: str) -> list[dict]:
+    root = os.path.expanduser(os.environ.get("VERL_FILE_LOGGER_ROOT", "."))
+    path = os.path.join(root, config.trainer.project_name, f"{experiment}.jsonl")
+    if not os.path.exists(path):
+        raise CpuRunError(f"no metrics at {path}: set VERL_FILE_LOGGER_ROOT and trainer.logger=[console,file]")
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _checked(entry: dict) -> dict:
+    data, step = entry["data"], entry["step"]
+    for key in ("actor/pg_loss", "actor/grad_norm"):
+        value = data.get(key)
+        if value is None or not math.isfinite(value) or value == 0.0:
+            raise CpuRunError(f"step {step}: {key}={value}; a real step has a finite, non-zero value")
+    gap = data.get("rollout_corr/log_ppl_abs_diff")
+    if gap is None or gap > LOGPROB_TOLERANCE:
+        raise CpuRunError(
+            f"step {step}: rollout and actor log-probs differ by {gap} per token (> {LOGPROB_TOLERANCE}): the "
+            "rollout server did not get the trained weights"
+        )
+    return {
+        "step": step,
+        "pg_loss": data["actor/pg_loss"],
+        "grad_norm": data["actor/grad_norm"],
+        "logprob_gap": gap,
+        "score_mean": data.get("critic/score/mean"),
+        "step_s": data.get("timing_s/step"),
+    }
+
+
+def summarize(config: DictConfig, resume_steps: int) -> dict:
+    """Check and summarise the two runs of :func:`train_then_resume` (raises :class:`CpuRunError`)."""
+    steps = int(config.trainer.total_training_steps)
+    first = _read_metrics(config, config.trainer.experiment_name)
+    second = _read_metrics(config, f"{config.trainer.experiment_name}{RESUMED_SUFFIX}")
+    logged = [_checked(e) for e in first + second if "actor/pg_loss" in e["data"]]
+    expected = list(range(1, steps + resume_steps + 1))
+    if [e["step"] for e in logged] != expected:
+        raise CpuRunError(f"steps logged {[e['step'] for e in logged]}, expected {expected} (train, then resume)")
+    folder = os.path.join(config.trainer.default_local_dir, f"global_step_{steps}")
+    summary = {
+        "method": config.algorithm.adv_estimator,
+        "trainer_mode": config.trainer.v1.trainer_mode,
+        "steps": expected,
+        "resumed_from": folder,
+        "per_step": logged,
+    }
+    last = (first + second)[-1]["data"]
+    if "diva/difficulty/mean" in last:
+        summary["difficulty_mean"] = last["diva/difficulty/mean"]
+        summary["collapse_rate_local"] = last.get("diva/collapse_rate/local")
+        summary["collapse_rate_global"] = last.get("diva/collapse_rate/global")
+    probe_dir = os.environ.get(PROBE_ENV)
+    begin = os.path.join(probe_dir or "", f"train_begin_step{steps}.json")
+    if probe_dir and os.path.exists(begin):
+        with open(begin) as f:
+            state = json.load(f)
+        if state["difficulty"] is not None:
+            from verl_ext.difficulty.persistence import checkpoint_state_path, load_state
+
+            saved = load_state(checkpoint_state_path(folder))
+            if state["difficulty"] != saved:
+                raise CpuRunError("the resumed run's difficulty state differs from the one saved in the checkpoint")
+            summary["questions_tracked"] = len(saved)
+        summary["probed_steps"] = len(glob.glob(os.path.join(probe_dir, "actor_inputs_step*.pt")))
+    return summary
+
+
+def format_summary(summary: dict) -> str:
+    return "[cpu] summary " + json.dumps(summary, default=str)
+
+
+def pop_cpu_run_block(config: DictConfig) -> dict:
+    """Remove the launcher's ``cpu_run`` block (not a verl key) from ``config``; returns it as a dict."""
+    if "cpu_run" not in config:
+        return {}
+    block = OmegaConf.to_container(config.cpu_run, resolve=True)
+    with open_dict(config):
+        del config["cpu_run"]
+    return block or {}
