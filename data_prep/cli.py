@@ -26,7 +26,7 @@ EXAMPLES = """examples:
 def _add_convert(subparsers) -> None:
     parser = subparsers.add_parser(
         "convert",
-        help="convert a downloaded dataset (geometry3k, MMK12, JSONL) to DIVA parquet",
+        help="convert a downloaded dataset (geometry3k, MMK12, JSONL, the paper's benchmarks) to DIVA parquet",
         description="Convert local files to DIVA parquet. Rows with undecodable images, empty answers or broken "
         "paths go to a quarantine JSONL (row index and reason); the command fails, writing no output, when the "
         "bad fraction exceeds --max-bad-fraction.",
@@ -37,7 +37,9 @@ def _add_convert(subparsers) -> None:
         required=True,
         choices=LAYOUT_NAMES,
         help="geometry3k: images, problem, answer | mmk12: image, question, answer, subject | "
-        "jsonl: question, answer, image or images (paths relative to the .jsonl file)",
+        "jsonl: question, answer, image or images (paths relative to the .jsonl file) | the paper's benchmarks: "
+        "mathvista, mathverse, mathvision, olympiadbench, wemath (their Hugging Face columns) | "
+        "auto: pick the layout from the columns found",
     )
     parser.add_argument("--output", required=True, type=Path, help="DIVA parquet to write")
     parser.add_argument("--split", default="train", help="split name stored in extra_info and the question ids")

@@ -1,4 +1,4 @@
-"""``diva-prep convert``: a downloaded dataset (geometry3k, MMK12, JSONL) -> DIVA parquet.
+"""``diva-prep convert``: a downloaded dataset (geometry3k, MMK12, JSONL, the paper's benchmarks) -> DIVA parquet.
 
 Per input row: strip ``<image>`` tags from the question, check that every image decodes (or that its path exists
 inside the input folder), require a non-empty answer, and build the row with
@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from data_prep.errors import PrepError
 from data_prep.images import image_entry
-from data_prep.layouts import LAYOUT_NAMES, RawRecord, count_rows, read_layout
+from data_prep.layouts import AUTO, LAYOUT_NAMES, RawRecord, count_rows, detect_layout, read_layout
 from data_prep.parquet_io import DEFAULT_ROW_GROUP_SIZE, DivaParquetWriter
 from data_prep.quarantine import BadRow, Quarantine
 from verl_ext.data.schema import IMAGE_PLACEHOLDER, build_prompt
@@ -38,6 +38,8 @@ class ConvertSummary:
     bad_rows: int = 0
     reasons: Counter = field(default_factory=Counter)
     failed: bool = False
+    layout: str = ""
+    detected: bool = False  # the layout came from --layout auto
 
     @property
     def bad_fraction(self) -> float:
@@ -139,9 +141,13 @@ def convert(
         raise PrepError(f"--input {str(input_path)!r} does not exist")
     if not 0.0 <= max_bad_fraction <= 1.0:
         raise PrepError(f"--max-bad-fraction must be in [0, 1], got {max_bad_fraction}")
+    detected = layout == AUTO
+    if detected:
+        layout = detect_layout(input_path)
     if data_source is None:
         data_source = input_path.stem if layout == "jsonl" else layout
     summary = ConvertSummary(output=output, quarantine=Path(quarantine_path or default_quarantine_path(output)))
+    summary.layout, summary.detected = layout, detected
     workers = workers or min(8, os.cpu_count() or 1)
     records = read_layout(input_path, layout)
     total = count_rows(input_path, layout)
@@ -174,6 +180,8 @@ def convert(
 
 def format_summary(summary: ConvertSummary, max_bad_fraction: float) -> str:
     lines = [f"rows read: {summary.rows_in}, written: {summary.rows_written}, quarantined: {summary.bad_rows}"]
+    if summary.detected:
+        lines.insert(0, f"layout: {summary.layout} (found by --layout auto)")
     for reason, count in summary.reasons.most_common():
         lines.append(f"  {count:6d}  {reason}")
     if summary.bad_rows:

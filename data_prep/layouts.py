@@ -1,4 +1,5 @@
-"""Readers for the input layouts users download: geometry3k parquet, MMK12 parquet, JSONL with image files.
+"""Readers for the input layouts users download: geometry3k parquet, MMK12 parquet, JSONL with image files, and the
+six evaluation sets of the paper (:mod:`data_prep.benchmarks`); ``auto`` picks the layout from the columns found.
 
 Each reader yields :class:`RawRecord` in a fixed order (files sorted by path, rows in file order), so row indices and
 therefore question ids are the same on every run over the same input. Row-level problems travel as ``error`` and end
@@ -13,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from data_prep.benchmarks import BENCHMARK_LAYOUTS, BenchmarkLayout, Shaped
 from data_prep.errors import PrepError
 from data_prep.parquet_io import iter_parquet_batches, num_rows, open_parquet
+from data_prep.quarantine import BadRow
 
 
 @dataclass
@@ -44,6 +47,21 @@ class ParquetLayout:
         names = [self.question_column, self.answer_column, self.image_column]
         return names + ([self.ability_column] if self.ability_column else [])
 
+    def read_columns(self, names) -> list[str]:
+        return self.columns
+
+    def shape(self, cells: dict) -> Shaped:
+        images = cells[self.image_column]
+        if not self.image_is_list:
+            images = [images]
+        ability = cells.get(self.ability_column) if self.ability_column else None
+        return Shaped(
+            question=cells[self.question_column],
+            answer=cells[self.answer_column],
+            images=images if images is not None else [],
+            ability=str(ability).strip().lower() if ability else "math",
+        )
+
 
 PARQUET_LAYOUTS = {
     # hiyouga/geometry3k: images (list of {bytes, path}), problem (with "<image>" tags), answer.
@@ -51,9 +69,11 @@ PARQUET_LAYOUTS = {
     # FanqingM/MMK12: image ({bytes, path} or bytes), question, answer, subject (-> ``ability``).
     "mmk12": ParquetLayout("mmk12", "question", "answer", "image", image_is_list=False, ability_column="subject"),
 }
+PARQUET_LAYOUTS.update(BENCHMARK_LAYOUTS)
 JSONL_REQUIRED_KEYS = ("question", "answer")
 JSONL_OPTIONAL_KEYS = ("paraphrases", "hint_steps", "difficulty", "text_in_image")
-LAYOUT_NAMES = (*PARQUET_LAYOUTS, "jsonl")
+AUTO = "auto"
+LAYOUT_NAMES = (*PARQUET_LAYOUTS, "jsonl", AUTO)
 
 
 def parquet_files(path: Path) -> list[Path]:
@@ -76,11 +96,38 @@ def count_rows(path: Path, layout: str) -> int | None:
     return sum(num_rows(file) for file in parquet_files(path))
 
 
-def read_parquet_layout(path: Path, layout: ParquetLayout, batch_size: int = 64) -> Iterator[RawRecord]:
+def detect_layout(path: str | Path) -> str:
+    """The layout whose columns the input has (``jsonl`` for a ``.jsonl`` file); among several, the one that
+    needs the most columns (MathVision's columns include MMK12's, for instance). :class:`PrepError` naming the
+    columns found and the layouts known when none (or two equally specific ones) fit."""
+    path = Path(path)
+    if path.is_file() and path.suffix == ".jsonl":
+        return "jsonl"
+    first = parquet_files(path)[0]
+    names = set(open_parquet(first).schema_arrow.names)
+    fits = [name for name, layout in PARQUET_LAYOUTS.items() if set(layout.columns) <= names]
+    known = "; ".join(f"{name}: {', '.join(layout.columns)}" for name, layout in PARQUET_LAYOUTS.items())
+    if not fits:
+        raise PrepError(
+            f"--layout auto: {first} has columns {sorted(names)}, which match no known layout ({known}; "
+            "jsonl: a .jsonl file with question, answer, image or images). Pick one with --layout, or rename columns."
+        )
+    most = max(len(PARQUET_LAYOUTS[name].columns) for name in fits)
+    best = [name for name in fits if len(PARQUET_LAYOUTS[name].columns) == most]
+    if len(best) > 1:
+        raise PrepError(f"--layout auto: {first} fits the layouts {best} equally well; pick one with --layout")
+    return best[0]
+
+
+def read_parquet_layout(
+    path: Path, layout: ParquetLayout | BenchmarkLayout, batch_size: int = 64
+) -> Iterator[RawRecord]:
     files = parquet_files(path)
     root = path if path.is_dir() else path.parent
+    read_columns = {}
     for file in files:  # check every file before reading any row: fail fast, not after an hour
         names = open_parquet(file).schema_arrow.names
+        read_columns[file] = layout.read_columns(names)
         missing = [column for column in layout.columns if column not in names]
         if missing:
             plural = "s" if len(missing) > 1 else ""
@@ -91,21 +138,16 @@ def read_parquet_layout(path: Path, layout: ParquetLayout, batch_size: int = 64)
     index = 0
     for file in files:
         row_in_file = 0
-        for batch in iter_parquet_batches(file, layout.columns, batch_size):
+        for batch in iter_parquet_batches(file, read_columns[file], batch_size):
             for cells in batch:
-                images = cells[layout.image_column]
-                if not layout.image_is_list:
-                    images = [images]
-                record = RawRecord(
-                    index=index,
-                    source=f"{file}#{row_in_file}",
-                    root=root,
-                    question=cells[layout.question_column],
-                    answer=cells[layout.answer_column],
-                    images=images if images is not None else [],
-                )
-                if layout.ability_column and cells.get(layout.ability_column):
-                    record.ability = str(cells[layout.ability_column]).strip().lower()
+                record = RawRecord(index=index, source=f"{file}#{row_in_file}", root=root)
+                try:
+                    shaped = layout.shape(cells)
+                except BadRow as exc:  # e.g. a benchmark answer that is not among its choices
+                    record.error = str(exc)
+                else:
+                    record.question, record.answer, record.images = shaped.question, shaped.answer, shaped.images
+                    record.ability = shaped.ability
                 yield record
                 index += 1
                 row_in_file += 1
@@ -178,6 +220,8 @@ def read_jsonl(path: Path) -> Iterator[RawRecord]:
 
 def read_layout(path: str | Path, layout: str) -> Iterator[RawRecord]:
     path = Path(path)
+    if layout == AUTO:
+        layout = detect_layout(path)
     if layout == "jsonl":
         return read_jsonl(path)
     if layout not in PARQUET_LAYOUTS:
