@@ -191,6 +191,11 @@ class AdvantageMethod:
 METHODS: dict[str, AdvantageMethod] = {}
 
 
+def knobs_of(config: Any) -> dict[str, Any]:
+    """A method config dataclass as keyword arguments for its math function (verl's private fields left out)."""
+    return {key: value for key, value in config.items() if not key.startswith("_")}
+
+
 def register_method(method: AdvantageMethod) -> AdvantageMethod:
     """Add ``method`` to the toolkit and to verl's estimator registry (idempotent for the same method)."""
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est

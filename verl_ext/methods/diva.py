@@ -13,7 +13,8 @@ import numpy as np
 
 from verl_ext.algos import advantage_collapse_rate, compute_diva_advantage
 from verl_ext.config import DivaConfig
-from verl_ext.methods.base import AdvantageInputs, AdvantageMethod, AdvantageResult, register_method
+from verl_ext.methods.base import AdvantageInputs, AdvantageMethod, AdvantageResult, knobs_of, register_method
+from verl_ext.methods.metrics import advantage_summary
 
 NAME = "diva_grpo"
 
@@ -21,9 +22,13 @@ NAME = "diva_grpo"
 def compute(inputs: AdvantageInputs, config: DivaConfig) -> AdvantageResult:
     question_ids = np.array(inputs.info_values("question_id", NAME), dtype=object)
     difficulty = np.array([float(d) for d in inputs.info_values("variant_difficulty", NAME)])
-    knobs = {k: v for k, v in config.advantage.items() if not k.startswith("_")}
     advantages, returns = compute_diva_advantage(
-        inputs.token_level_rewards, inputs.response_mask, inputs.index, question_ids, difficulty, **knobs
+        inputs.token_level_rewards,
+        inputs.response_mask,
+        inputs.index,
+        question_ids,
+        difficulty,
+        **knobs_of(config.advantage),
     )
     metrics = _metrics(inputs, advantages, question_ids)
     return AdvantageResult(advantages, returns, metrics, per_response={"question_id": question_ids})
@@ -31,8 +36,6 @@ def compute(inputs: AdvantageInputs, config: DivaConfig) -> AdvantageResult:
 
 def _metrics(inputs: AdvantageInputs, advantages, question_ids: np.ndarray) -> dict:
     """``diva/*`` metrics: collapse rates of both group kinds, advantage statistics, the variant mix."""
-    mask = inputs.response_mask
-    per_response = (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     scores = inputs.scores
     infos = inputs.extra_info
     kinds = Counter(info.get("variant_kind", "original") for info in infos)
@@ -40,11 +43,7 @@ def _metrics(inputs: AdvantageInputs, advantages, question_ids: np.ndarray) -> d
     out = {
         "diva/collapse_rate/local": advantage_collapse_rate(scores, inputs.index),
         "diva/collapse_rate/global": advantage_collapse_rate(scores, question_ids),
-        "diva/advantage/mean": per_response.mean().item(),
-        "diva/advantage/std": per_response.std().item() if per_response.numel() > 1 else 0.0,
-        "diva/advantage/max": per_response.max().item(),
-        "diva/advantage/min": per_response.min().item(),
-        "diva/advantage/zero_fraction": (per_response == 0).float().mean().item(),
+        **advantage_summary("diva/advantage", advantages, inputs.response_mask),
         "diva/questions_in_batch": len(set(question_ids.tolist())),
         "diva/variant_fallbacks": sum(1 for info in infos if info.get("variant_fallback")),
     }
