@@ -11,7 +11,7 @@ import pytest
 from loopback_embeddings_server import LoopbackEmbeddingsServer, Reply, fake_embedding
 
 from data_prep.llm_client import RetryPolicy
-from verl_ext.mupo import EmbeddingConfig, EmbeddingEndpointRefused, EmbeddingError, build_embedder
+from verl_ext.mupo import EmbeddingConfig, EmbeddingEndpointRefused, EmbeddingError, build_embedder, shared_embedder
 from verl_ext.mupo.embeddings_client import BASE_URL_ENV, OpenAIEmbedder
 
 FAST_RETRY = RetryPolicy(max_retries=4, base_delay=0.01, max_delay=0.05)
@@ -143,6 +143,9 @@ def test_config_builds_the_backend_and_names_bad_settings(monkeypatch):
         assert isinstance(embedder, OpenAIEmbedder) and embedder.base_url == server.url
         np.testing.assert_array_equal(embedder.embed(["p", "q", "r"]), expected(["p", "q", "r"]))
         assert len(server.answered()) == 2
+        shared = shared_embedder(EmbeddingConfig(base_url=server.url))
+        assert shared is shared_embedder(EmbeddingConfig(base_url=server.url))  # one client per config
+        assert shared is not shared_embedder(EmbeddingConfig(base_url=server.url, concurrency=2))
 
 
 # ---------------------------------------------------------------------------------------------------------------

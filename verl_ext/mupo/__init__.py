@@ -8,7 +8,7 @@
 """
 
 from verl_ext.mupo.config import EmbeddingConfig, MupoConfig, check_rollout_n, mupo_config_from
-from verl_ext.mupo.embedder import Embedder, build_embedder
+from verl_ext.mupo.embedder import Embedder, build_embedder, shared_embedder
 from verl_ext.mupo.errors import EmbeddingEndpointRefused, EmbeddingError
 from verl_ext.mupo.step import add_sequence_bonus, decode_responses, mupo_step
 from verl_ext.mupo.think import extract_think_span
@@ -26,4 +26,5 @@ __all__ = [
     "extract_think_span",
     "mupo_config_from",
     "mupo_step",
+    "shared_embedder",
 ]

@@ -26,6 +26,11 @@ class Embedder(Protocol):
     def close(self) -> None: ...
 
 
+# One backend per distinct embedding config in this process: the endpoint client keeps its connection pool and
+# the local model stays loaded across steps.
+_SHARED: dict[tuple, Embedder] = {}
+
+
 def build_embedder(config: EmbeddingConfig) -> Embedder:
     """The backend ``config.backend`` names, built from the ``mupo.embedding`` block."""
     if config.backend == "openai":
@@ -46,3 +51,11 @@ def build_embedder(config: EmbeddingConfig) -> Embedder:
 
         return SentenceTransformerEmbedder(config.model, device=config.device, batch_size=config.batch_size)
     raise ValueError(f"mupo.embedding.backend must be one of {BACKENDS}, got {config.backend!r}")
+
+
+def shared_embedder(config: EmbeddingConfig) -> Embedder:
+    """The process's backend for ``config``, built on first use (what the trainer calls every step)."""
+    key = tuple(sorted((name, value) for name, value in config.items() if not name.startswith("_")))
+    if key not in _SHARED:
+        _SHARED[key] = build_embedder(config)
+    return _SHARED[key]
