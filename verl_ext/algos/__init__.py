@@ -13,6 +13,7 @@ from verl_ext.algos.mupo import (
     mupo_metrics,
     mupo_partition,
 )
+from verl_ext.algos.pgpo import compute_pgpo_advantage, pgpo_metrics, pgpo_token_weights, visual_dependency
 
 __all__ = [
     "avspo_collapse_rates",
@@ -28,4 +29,8 @@ __all__ = [
     "mupo_lambda",
     "mupo_metrics",
     "mupo_partition",
+    "compute_pgpo_advantage",
+    "pgpo_metrics",
+    "pgpo_token_weights",
+    "visual_dependency",
 ]
