@@ -20,6 +20,7 @@ EXAMPLES = """examples:
   diva-prep variants --input g3k_train.parquet --output g3k_train_v.parquet --model Qwen/Qwen2.5-VL-72B-Instruct \\
       --base-url http://localhost:8000/v1 --concurrency 64
   diva-prep validate g3k_train_v.parquet
+  diva-prep entropy --model /models/Qwen2.5-VL-7B-Instruct --input g3k_train_v.parquet --output g3k_train_e.parquet
 """
 
 
@@ -100,6 +101,37 @@ def _add_synth(subparsers) -> None:
     parser.add_argument("--split", default="train")
 
 
+def _add_entropy(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "entropy",
+        help="compute each row's visual entropy with the policy's vision encoder (Durian's perceptual buckets)",
+        description="Run the vision tower of a local Qwen2.5-VL / Qwen2-VL checkpoint over each row's images (CUDA "
+        "when present, else CPU), take the eigenvalue entropy of the covariance of the patch features (mean over a "
+        "row's images) and store it in extra_info.visual_entropy. Finished rows are cached: rerunning the same "
+        "command after a crash or kill resumes. Rows without an image or with an undecodable one go to a "
+        "quarantine JSONL and are left out; the command fails, writing no output, when their fraction exceeds "
+        "--max-bad-fraction.",
+    )
+    parser.add_argument("--model", required=True, type=Path, help="local checkpoint folder of the policy model")
+    parser.add_argument("--input", required=True, type=Path, help="DIVA parquet")
+    parser.add_argument("--output", required=True, type=Path, help="DIVA parquet to write (with visual_entropy)")
+    parser.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:1")
+    parser.add_argument("--dtype", default="auto", help="auto (bfloat16 on cuda, float32 on cpu), float32, ...")
+    parser.add_argument(
+        "--features",
+        choices=("patch", "merged"),
+        default="patch",
+        help="patch: the vision transformer's patch features (default); merged: the patch merger's output tokens",
+    )
+    parser.add_argument("--max-pixels", type=int, default=None, help="per image (default: diva.variants.max_pixels)")
+    parser.add_argument("--min-pixels", type=int, default=None, help="per image (default: the image processor's)")
+    parser.add_argument("--cache", type=Path, default=None, help="cache folder (default: <output>.cache)")
+    parser.add_argument("--quarantine", type=Path, default=None, help="default: <output stem>.quarantine.jsonl")
+    parser.add_argument("--max-bad-fraction", type=float, default=0.0, help="quarantined rows allowed (0 to 1)")
+    parser.add_argument("--workers", type=int, default=None, help="image-decoding threads (default: cores, max 4)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="diva-prep",
@@ -108,11 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log retries and cache details")
-    subparsers = parser.add_subparsers(dest="command", required=True, metavar="{convert,variants,validate,synth}")
+    subparsers = parser.add_subparsers(
+        dest="command", required=True, metavar="{convert,variants,validate,synth,entropy}"
+    )
     _add_convert(subparsers)
     _add_variants(subparsers)
     _add_validate(subparsers)
     _add_synth(subparsers)
+    _add_entropy(subparsers)
     return parser
 
 
@@ -177,7 +212,29 @@ def _synth(args) -> int:
     return 0
 
 
-COMMANDS = {"convert": _convert, "variants": _variants, "validate": _validate, "synth": _synth}
+def _entropy(args) -> int:
+    from data_prep.entropy import EntropyOptions, run_entropy
+
+    options = EntropyOptions(
+        model=args.model,
+        device=args.device,
+        dtype=args.dtype,
+        features=args.features,
+        min_pixels=args.min_pixels,
+        cache_dir=args.cache,
+        quarantine_path=args.quarantine,
+        max_bad_fraction=args.max_bad_fraction,
+        workers=args.workers,
+        progress=not args.no_progress,
+    )
+    if args.max_pixels is not None:
+        options.max_pixels = args.max_pixels
+    summary = run_entropy(args.input, args.output, options)
+    print(summary.format())
+    return 1 if summary.failed else 0
+
+
+COMMANDS = {"convert": _convert, "variants": _variants, "validate": _validate, "synth": _synth, "entropy": _entropy}
 
 
 def main(argv: list[str] | None = None) -> int:

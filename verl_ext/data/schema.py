@@ -12,8 +12,12 @@ column             content
 ``images``         list of ``{"bytes": encoded image, "path": original path or ""}``
 ``ability``        e.g. ``"math"``
 ``reward_model``   ``{"style": "rule", "ground_truth": answer}``
-``extra_info``     ``{"split", "index", "question_id", "answer", "question"}``; ``question_id`` is the
-                   stable id the difficulty service keys on (never verl's per-step ``uid``)
+``extra_info``     ``{"split", "index", "question_id", "answer", "question", "visual_entropy"}``;
+                   ``question_id`` is the stable id the difficulty service keys on (never verl's per-step
+                   ``uid``); ``visual_entropy`` is optional (null until ``diva-prep entropy`` fills it): the
+                   eigenvalue entropy of the policy's vision features, mean over the row's images, that
+                   Durian's perceptual buckets read. It lives in ``extra_info`` so that verl's own
+                   ``RLHFDataset`` and ``DivaDataset`` both hand it to the trainer unchanged
 ``question``       the bare question text (no placeholders, no suffix): variants rebuild the prompt
 ``paraphrases``    list of question texts with the same answer (may be empty)
 ``hint_steps``     ordered reasoning steps that never state the final answer (may be empty)
@@ -48,6 +52,8 @@ EXTRA_INFO_TYPE = pa.struct(
         ("question_id", pa.string()),
         ("answer", pa.string()),
         ("question", pa.string()),
+        # Optional (nullable): written by `diva-prep entropy` (data_prep/entropy.py), read by Durian's advantage.
+        ("visual_entropy", pa.float64()),
     ]
 )
 
