@@ -43,6 +43,10 @@ SAVE_FREQ="${SAVE_FREQ:-50}"
 TEST_FREQ="${TEST_FREQ:-25}"
 ADV_ESTIMATOR="${ADV_ESTIMATOR:-diva_grpo}"
 TRAINER_MODE="${TRAINER_MODE:-diva_grpo}"
+# Metrics go to the console and to verl's file logger (JSONL, read by diva-report). That logger truncates its file
+# when it opens it, so each launch (a resume too) gets its own file in the run's folder; diva-report merges them.
+LOGGER="${LOGGER:-[console,file]}"
+METRICS_LOG="$(abspath "${METRICS_LOG:-$CKPT_DIR/logs/metrics_$(date -u +%Y%m%dT%H%M%SZ)_$$.jsonl}")"
 
 ARGS=(
   algorithm.adv_estimator="$ADV_ESTIMATOR"
@@ -76,6 +80,8 @@ ARGS=(
   trainer.default_local_dir="$CKPT_DIR"
   trainer.save_freq="$SAVE_FREQ"
   trainer.test_freq="$TEST_FREQ"
+  trainer.logger="$LOGGER"
+  +ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH="$METRICS_LOG"
 )
 if [ "${DRY_RUN:-0}" = "1" ]; then
   ARGS+=(diva.dry_run=true)

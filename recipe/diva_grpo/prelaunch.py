@@ -84,7 +84,8 @@ def check_launch(overrides: list[str], remote: bool | None = None) -> dict:
         elif remote:
             skip.append(os.path.abspath(path))  # on the cluster's storage, not this machine's: the job checks it
     report = check_data_files(train, val, diva=diva, skip=skip)
-    report["metrics_log"] = OmegaConf.select(cfg, LOGGER_PATH_KEY)
+    # The preflight writes its own logs into its work folder: no run folder to create for it.
+    report["metrics_log"] = None if dry_run else OmegaConf.select(cfg, LOGGER_PATH_KEY)
     return report
 
 

@@ -104,3 +104,25 @@ def test_check_imports_neither_torch_nor_ray(files):
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_launcher_writes_verls_file_logger_into_the_run_folder(tmp_path):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+    from verl.trainer.constants_ppo import get_ppo_ray_runtime_env
+
+    env = {**os.environ, "DIVA_PRINT_ONLY": "1", "CKPT_DIR": str(tmp_path / "run")}
+    launches = [
+        subprocess.run(["bash", "run_scripts/qwen25vl7b_diva.sh"], cwd=ROOT, env=env, capture_output=True, text=True)
+        for _ in range(2)
+    ]
+    overrides = [out.stdout.split() for out in launches]
+    with initialize_config_dir(config_dir=str(ROOT / "recipe/diva_grpo/config"), version_base=None):
+        configs = [compose("diva_grpo", overrides=o) for o in overrides]
+    assert list(configs[0].trainer.logger) == ["console", "file"]
+    paths = [cfg.ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH for cfg in configs]
+    assert all(Path(p).parent == tmp_path / "run" / "logs" and p.endswith(".jsonl") for p in paths)
+    assert paths[0] != paths[1]  # verl's logger truncates its file: every launch (a resume too) gets its own
+    # what verl's run_ppo passes to ray.init, so that the task runner (where the logger lives) sees the variable
+    runtime_env = OmegaConf.merge(get_ppo_ray_runtime_env(configs[0]), configs[0].ray_kwargs.ray_init.runtime_env)
+    assert runtime_env.env_vars.VERL_FILE_LOGGER_PATH == paths[0]
