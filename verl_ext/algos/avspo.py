@@ -34,6 +34,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from verl_ext.algos.checks import STAT_DTYPE, broadcast_over_mask, check_finite, check_rewards_and_mask
@@ -224,11 +225,14 @@ def _with_virtual(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The real scores followed by every collapsed group's ``K`` virtual scores, and the group of each.
 
-    At most ``B`` virtual scores (``K <= G``), built with one ``repeat_interleave``: ``j`` (1..K) is each
-    virtual score's position inside its group's run.
+    At most ``B`` virtual scores (``K <= G``), built with one ``repeat``: ``j`` (1..K) is each virtual score's
+    position inside its group's run.
     """
     num_groups = plan.k.shape[0]
-    virtual_group = torch.repeat_interleave(torch.arange(num_groups, device=scores.device), plan.k)
+    # numpy's repeat: torch.repeat_interleave, multi-threaded even for a few ids, measured 17 ms for 21 ids with
+    # two threads on a busy machine (8 us with one); these are O(G) ids either way.
+    repeated = np.repeat(np.arange(num_groups, dtype=np.int64), plan.k.cpu().numpy())
+    virtual_group = torch.from_numpy(repeated).to(scores.device)
     r = plan.mean[virtual_group]
     correct = r >= plan.reward_max / 2
     if plan.mode == "paper":
