@@ -1,7 +1,7 @@
-"""CPU preflight: everything a DIVA-GRPO run does before the GPUs matter, in about a minute.
+"""CPU preflight: everything a DIVA-GRPO (or other toolkit method's) run does before the GPUs matter, in a minute.
 
-Run it with ``DRY_RUN=1 bash run_scripts/qwen25vl7b_diva.sh`` (the same ``ray job submit`` path as a real
-run). It checks, in order, and stops at the first failure with the reason:
+Run it with ``DRY_RUN=1 bash run_scripts/qwen25vl7b_diva.sh`` (or any ``qwen25vl7b_<method>.sh``: the same
+``ray job submit`` path as a real run). It checks, in order, and stops at the first failure with the reason:
 
 1. the composed config validates (DIVA knobs, batch-size rules, verl's own checks);
 2. the data loads (``diva-prep synth`` data is generated when the configured files are absent);
@@ -12,6 +12,9 @@ run). It checks, in order, and stops at the first failure with the reason:
    (:mod:`recipe.diva_grpo.simulation`): advantage, difficulty update, shared-table refresh, metrics;
 6. a checkpoint is saved, a second trainer resumes from it with exactly the same difficulty state and
    sampler position, and trains one more step.
+
+For the toolkit's other methods (``trainer.v1.trainer_mode=toolkit``) steps 3 and 5's difficulty checks are
+DIVA's own and are skipped; step 6 checks the method's batch-planner state instead (CoDaPO's resampler).
 
 The model is not loaded: the rollout and the FSDP workers are the only stand-ins.
 """
@@ -34,6 +37,8 @@ from verl_ext.config import diva_config_from
 
 PREFLIGHT_QUESTIONS_PER_STEP = 4
 PREFLIGHT_STEPS = 3
+DIVA_MODE = "diva_grpo"
+TOOLKIT_MODE = "toolkit"
 
 
 class PreflightError(RuntimeError):
@@ -71,9 +76,10 @@ def _ensure_data(config: DictConfig, workdir: str) -> tuple[str, str]:
 
 
 def preflight_config(config: DictConfig, workdir: str) -> DictConfig:
-    """The user's config, shrunk to CPU size: same DIVA knobs and algorithm, few prompts, no model."""
+    """The user's config, shrunk to CPU size: same method knobs and algorithm, few prompts, no model."""
     cfg = deepcopy(config)
-    group = 1 + diva_config_from(cfg.diva).variants.variants_per_question
+    diva = cfg.trainer.v1.trainer_mode == DIVA_MODE
+    group = 1 + diva_config_from(cfg.diva).variants.variants_per_question if diva else 1
     train, val = _ensure_data(cfg, workdir)
     with open_dict(cfg):
         cfg.data.train_files = train
@@ -173,21 +179,33 @@ def _read_metrics(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def _resumable_state(trainer, diva: bool):
+    """What a resume must restore beyond verl's own checkpoint: the difficulty state, or the planner's state."""
+    if diva:
+        return trainer.difficulty.snapshot()
+    return trainer.batch_planner.state_dict() if trainer.batch_planner is not None else None
+
+
 def run_preflight(config: DictConfig) -> dict:
     """Run all checks; returns the summary (also printed). Raises :class:`PreflightError` on failure."""
     import transfer_queue as tq
     from verl.utils.import_utils import load_extern_object
 
-    import recipe.diva_grpo.trainer  # noqa: F401  (registers the trainer)
+    import recipe.diva_grpo.trainer  # noqa: F401  (registers the trainers)
     from recipe.diva_grpo.simulation import SimulatedAgentLoopManager, build_simulated_trainer
+    from recipe.diva_grpo.toolkit_trainer import ToolkitTrainer
     from recipe.diva_grpo.trainer import DivaTrainer
 
     started = time.perf_counter()
-    if config.trainer.v1.trainer_mode != "diva_grpo":
+    mode = config.trainer.v1.trainer_mode
+    if mode not in (DIVA_MODE, TOOLKIT_MODE):
         raise PreflightError(
-            f"the preflight checks the DIVA recipe (trainer.v1.trainer_mode=diva_grpo), not "
-            f"{config.trainer.v1.trainer_mode!r}: run it as DRY_RUN=1 bash run_scripts/qwen25vl7b_diva.sh"
+            f"the preflight checks the toolkit's recipes (trainer.v1.trainer_mode={DIVA_MODE} or {TOOLKIT_MODE}), "
+            f"not {mode!r}: run it as DRY_RUN=1 bash run_scripts/qwen25vl7b_diva.sh (or the qwen25vl7b_<method>.sh "
+            "of a toolkit method)"
         )
+    diva = mode == DIVA_MODE
+    trainer_cls = DivaTrainer if diva else ToolkitTrainer
     # A fresh folder each run (under DIVA_PREFLIGHT_DIR when set), so no earlier preflight's checkpoint is resumed.
     parent = os.environ.get("DIVA_PREFLIGHT_DIR")
     if parent:
@@ -211,9 +229,12 @@ def run_preflight(config: DictConfig) -> dict:
     reward_fn = load_extern_object(cfg.reward.custom_reward_function.path, cfg.reward.custom_reward_function.name)
     try:
         # 2-3. data and first batch
-        trainer = build_simulated_trainer(DivaTrainer, cfg)
-        first = check_first_batch(trainer)
-        _log(f"data OK: {len(trainer.train_dataset)} train prompts; first batch {first}")
+        trainer = build_simulated_trainer(trainer_cls, cfg)
+        if diva:
+            first = check_first_batch(trainer)
+            _log(f"data OK: {len(trainer.train_dataset)} train prompts; first batch {first}")
+        else:
+            _log(f"data OK: {len(trainer.train_dataset)} train prompts (verl's dataset, no variants)")
         # 4. reward
         checked = check_reward_on_gold(trainer.train_dataset, reward_fn)
         _log(f"reward OK: gold answers of {checked} rows score 1.0")
@@ -222,17 +243,19 @@ def run_preflight(config: DictConfig) -> dict:
         # verl's file logger truncates its file when it opens: one file per trainer.
         os.environ["VERL_FILE_LOGGER_PATH"] = os.path.join(workdir, "metrics_before_resume.jsonl")
         trainer.fit(SimulatedAgentLoopManager(reward_fn, n=cfg.actor_rollout_ref.rollout.n))
-        saved = trainer.difficulty.snapshot()
-        if not saved:
-            raise PreflightError("the difficulty service holds no question after training steps")
-        # A resumed run starts a new service actor: the state must come from the checkpoint, not from memory.
-        ray.kill(trainer.difficulty.handle, no_restart=True)
+        saved = _resumable_state(trainer, diva)
+        if diva:
+            if not saved:
+                raise PreflightError("the difficulty service holds no question after training steps")
+            # A resumed run starts a new service actor: the state must come from the checkpoint, not from memory.
+            ray.kill(trainer.difficulty.handle, no_restart=True)
         # 6. resume from the checkpoint in a fresh trainer and train one more step
-        resumed = build_simulated_trainer(DivaTrainer, cfg)
+        resumed = build_simulated_trainer(trainer_cls, cfg)
         if resumed.global_steps != PREFLIGHT_STEPS - 1:
             raise PreflightError(f"resume found step {resumed.global_steps}, expected {PREFLIGHT_STEPS - 1}")
-        if resumed.difficulty.snapshot() != saved:
-            raise PreflightError("the difficulty state after resume differs from the one saved with the checkpoint")
+        if _resumable_state(resumed, diva) != saved:
+            what = "difficulty state" if diva else f"{resumed.method.name} batch planner state"
+            raise PreflightError(f"the {what} after resume differs from the one saved with the checkpoint")
         os.environ["VERL_FILE_LOGGER_PATH"] = os.path.join(workdir, "metrics_after_resume.jsonl")
         resumed.fit(SimulatedAgentLoopManager(reward_fn, n=cfg.actor_rollout_ref.rollout.n))
     finally:
@@ -241,15 +264,22 @@ def run_preflight(config: DictConfig) -> dict:
     logged = _read_metrics(os.path.join(workdir, "metrics_before_resume.jsonl"))
     logged += _read_metrics(os.path.join(workdir, "metrics_after_resume.jsonl"))
     last = logged[-1]["data"] if logged else {}
-    summary = {
-        "steps": [entry["step"] for entry in logged],
-        "questions_tracked": len(resumed.difficulty.snapshot()),
-        "difficulty_mean": last.get("diva/difficulty/mean"),
-        "collapse_rate_local": last.get("diva/collapse_rate/local"),
-        "collapse_rate_global": last.get("diva/collapse_rate/global"),
-        "checkpoint": os.path.join(cfg.trainer.default_local_dir, f"global_step_{PREFLIGHT_STEPS - 1}"),
-        "seconds": round(time.perf_counter() - started, 1),
-    }
+    summary = {"steps": [entry["step"] for entry in logged], "method": cfg.algorithm.adv_estimator}
+    if diva:
+        summary.update(
+            questions_tracked=len(resumed.difficulty.snapshot()),
+            difficulty_mean=last.get("diva/difficulty/mean"),
+            collapse_rate_local=last.get("diva/collapse_rate/local"),
+            collapse_rate_global=last.get("diva/collapse_rate/global"),
+        )
+    else:
+        prefix = f"{resumed.method.prefix}/"
+        summary.update({key: value for key, value in sorted(last.items()) if key.startswith(prefix + "collapse_rate")})
+    summary["checkpoint"] = os.path.join(cfg.trainer.default_local_dir, f"global_step_{PREFLIGHT_STEPS - 1}")
+    summary["seconds"] = round(time.perf_counter() - started, 1)
     _log("summary " + json.dumps(summary, default=str))
-    _log("PASSED: config, data, variants, reward, difficulty service, DIVA steps, checkpoint and resume")
+    if diva:
+        _log("PASSED: config, data, variants, reward, difficulty service, DIVA steps, checkpoint and resume")
+    else:
+        _log(f"PASSED: config, data, reward, {cfg.algorithm.adv_estimator} steps, checkpoint and resume")
     return summary

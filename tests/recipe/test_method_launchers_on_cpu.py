@@ -1,0 +1,67 @@
+"""The toolkit methods' launchers: each composes its paper's run on the toolkit trainer, fails fast on a CPU machine
+naming its own preflight, and its DRY_RUN=1 preflight passes (run in this process on the launcher's overrides;
+test_launchers_on_cpu.py runs DIVA's through `ray job submit`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+import ray
+from test_launchers_on_cpu import ROOT, compose_overrides, has_gpu, launcher_overrides
+
+# method -> (rollouts per prompt, prompts per step) of its launcher.
+LAUNCHERS = {
+    "avspo": (8, 128),
+    "codapo": (8, 128),
+    "durian": (8, 128),
+}
+
+
+@pytest.mark.parametrize("method", sorted(LAUNCHERS))
+def test_method_launcher_composes_the_toolkit_run(method):
+    n, prompts = LAUNCHERS[method]
+    cfg = compose_overrides(launcher_overrides(f"run_scripts/qwen25vl7b_{method}.sh"))
+    assert cfg.algorithm.adv_estimator == method
+    assert cfg.trainer.v1.trainer_mode == "toolkit"
+    assert cfg.data.custom_cls.path is None  # verl's own dataset on the DIVA parquet, no variants
+    assert cfg.actor_rollout_ref.rollout.n == n
+    assert cfg.data.train_batch_size == prompts == cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    assert cfg.trainer.experiment_name == f"qwen25vl7b_{method}"
+    assert method in cfg  # the method's knob block
+
+
+@pytest.mark.skipif(has_gpu(), reason="this machine has a GPU")
+@pytest.mark.parametrize("method", sorted(LAUNCHERS))
+def test_method_launcher_fails_fast_without_gpus_naming_its_preflight(method):
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DRY_RUN")}
+    started = time.monotonic()
+    out = subprocess.run(
+        ["bash", f"run_scripts/qwen25vl7b_{method}.sh"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert out.returncode != 0
+    assert f"DRY_RUN=1 bash run_scripts/qwen25vl7b_{method}.sh" in out.stderr
+    assert time.monotonic() - started < 60
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=16, include_dashboard=False, namespace="test_method_launchers", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.parametrize("method", ["avspo", "codapo"])
+def test_method_preflight_passes(method, local_ray, tmp_path, monkeypatch, capsys):
+    from recipe.diva_grpo.preflight import run_preflight
+
+    monkeypatch.setenv("DIVA_PREFLIGHT_DIR", str(tmp_path))
+    for name in ("TRAIN_FILES", "VAL_FILES"):
+        monkeypatch.delenv(name, raising=False)
+    cfg = compose_overrides(launcher_overrides(f"run_scripts/qwen25vl7b_{method}.sh", DRY_RUN="1"))
+    summary = run_preflight(cfg)
+    assert summary["steps"] == [1, 2, 3] and summary["method"] == method
+    assert any(key.startswith(f"{method}/collapse_rate") for key in summary)
+    assert f"PASSED: config, data, reward, {method} steps, checkpoint and resume" in capsys.readouterr().out
