@@ -4,6 +4,8 @@
 #   RAY_ADDRESS unset -> start a Ray head bound to 127.0.0.1, submit to it, stop it afterwards.
 # DRY_RUN=1 runs the CPU preflight through the same path. Without it, a machine with no GPU and no
 # RAY_ADDRESS fails at once and names the preflight.
+# CPU_E2E=1 (run_scripts/tiny_cpu.sh) trains for real on the CPU: no GPU check, a local head with one logical GPU,
+# and the runtime env named by DIVA_RUNTIME_ENV.
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
@@ -14,7 +16,7 @@ if [ "${DIVA_PRINT_ONLY:-0}" = "1" ]; then
   exit 0
 fi
 
-if [ "${DRY_RUN:-0}" != "1" ] && [ -z "${RAY_ADDRESS:-}" ]; then
+if [ "${DRY_RUN:-0}" != "1" ] && [ "${CPU_E2E:-0}" != "1" ] && [ -z "${RAY_ADDRESS:-}" ]; then
   GPU_LIST="$(nvidia-smi -L 2>/dev/null || true)"
   if [[ "$GPU_LIST" != *GPU* ]]; then
     echo "error: no NVIDIA GPU found on this machine and RAY_ADDRESS is not set." >&2
@@ -56,6 +58,7 @@ if [ -z "${RAY_ADDRESS:-}" ]; then
   # Ray counts this machine's CPUs and GPUs itself; the CPU preflight gets logical CPUs for TransferQueue's actors.
   CPU_ARGS=()
   if [ "${DRY_RUN:-0}" = "1" ]; then CPU_ARGS=(--num-cpus="${RAY_NUM_CPUS:-16}"); fi
+  if [ "${CPU_E2E:-0}" = "1" ]; then CPU_ARGS=(--num-cpus="${RAY_NUM_CPUS:-16}" --num-gpus=1); fi
   RAY_TMP="$(mktemp -d /tmp/diva_ray_XXXXXX)"
   # Ray >= 2.5x turns on token authentication for new local clusters: give this head its own random token
   # (never written to disk or logs); `ray job submit` and the job's processes read it from the environment.
@@ -82,5 +85,5 @@ if [ -z "${RAY_ADDRESS:-}" ]; then
 fi
 
 echo "[diva] submitting to $RAY_ADDRESS: python -m recipe.diva_grpo.main_diva $*"
-ray job submit --address "$RAY_ADDRESS" --runtime-env recipe/diva_grpo/runtime_env.yaml \
+ray job submit --address "$RAY_ADDRESS" --runtime-env "${DIVA_RUNTIME_ENV:-recipe/diva_grpo/runtime_env.yaml}" \
   -- python -m recipe.diva_grpo.main_diva "$@"

@@ -144,21 +144,42 @@ def cpu_overrides(
     return args
 
 
+def runtime_env(run_dir: str, repo_root: str) -> dict:
+    """The recipe's Ray runtime env (``recipe/diva_grpo/runtime_env.yaml``) plus the CPU job's environment:
+    :data:`verl_ext.cpu.CPU_ENV`, verl's file-logger folder and the actor-input probe folder of ``run_dir``."""
+    import yaml
+
+    from verl_ext.cpu.probe import PROBE_ENV
+
+    with open(os.path.join(repo_root, "recipe", "diva_grpo", "runtime_env.yaml")) as f:
+        env = yaml.safe_load(f)
+    env["working_dir"] = repo_root
+    env["env_vars"] = {
+        **env.get("env_vars", {}),
+        **CPU_ENV,
+        "VERL_FILE_LOGGER_ROOT": os.path.join(run_dir, "metrics"),
+        PROBE_ENV: os.path.join(run_dir, "probe"),
+    }
+    return env
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", required=True, help="folder for the tiny model, data and checkpoints")
+    parser.add_argument("--workdir", required=True, help="folder for the tiny model and the synthetic data")
+    parser.add_argument("--run-dir", default=None, help="folder of this run's checkpoints (default: <workdir>/run)")
     parser.add_argument("--method", default="diva", help="diva (default), grpo, or a toolkit estimator name")
     parser.add_argument("--steps", type=int, default=3, help="trainer.total_training_steps")
     parser.add_argument("--save-freq", type=int, default=None, help="trainer.save_freq (default: --steps)")
     parser.add_argument("--questions", type=int, default=2, help="questions per step")
     parser.add_argument("--rollout-n", type=int, default=4, help="responses per DIVA prompt (GRPO: twice as many)")
     parser.add_argument("--ray-init", action="store_true", help="the entry point starts Ray itself")
+    parser.add_argument("--runtime-env-out", default=None, help="write the job's Ray runtime env (yaml) here")
     args = parser.parse_args(argv)
     paths = prepare(args.workdir)
-    ckpt = os.path.join(os.path.abspath(args.workdir), "checkpoints", args.method)
+    run_dir = os.path.abspath(args.run_dir or os.path.join(args.workdir, "run"))
     lines = cpu_overrides(
         paths,
-        ckpt,
+        os.path.join(run_dir, "checkpoints"),
         method=args.method,
         steps=args.steps,
         save_freq=args.save_freq,
@@ -167,6 +188,12 @@ def main(argv: list[str] | None = None) -> int:
         experiment=f"tiny_cpu_{args.method}",
         ray_init=args.ray_init,
     )
+    if args.runtime_env_out:
+        import yaml
+
+        repo_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        with open(args.runtime_env_out, "w") as f:
+            yaml.safe_dump(runtime_env(run_dir, repo_root), f, sort_keys=False)
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 

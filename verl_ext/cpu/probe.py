@@ -3,8 +3,9 @@
 :func:`install_probe` swaps the trainer registered under a ``trainer.v1.trainer_mode`` for a subclass that, right
 before verl's ``_update_actor`` sends the batch to the actor workers, reads from TransferQueue the very fields the
 actor will read (advantages, response mask, old and rollout log-probs) with the rewards, ids and extra infos, and
-saves them as ``actor_inputs_step<N>.pt`` in a folder. At train begin it writes ``train_begin.json``: the step
-verl resumed at, the dataloader state, and the DIVA difficulty state when the trainer has one. Any trainer works
+saves them as ``actor_inputs_step<N>.pt`` in a folder. At train begin it writes ``train_begin_step<N>.json`` (N: the
+first step this trainer runs, the checkpoint's step + 1 on a resume): the dataloader state and the DIVA difficulty
+state when the trainer has one. Any trainer works
 (DIVA, verl's sync GRPO, the toolkit's other methods): nothing is method-specific.
 
 It is installed by the recipe's task runner only when ``DIVA_CPU_PROBE_DIR`` names a folder (a test asks for it).
@@ -31,11 +32,12 @@ def _as_list(value) -> list:
     return non_tensor_list(value)
 
 
-def _jsonable(value):
+def jsonable(value):
+    """``value`` with tensors and numpy scalars turned into lists and numbers (for JSON)."""
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, torch.Tensor):
         return value.tolist()
     if hasattr(value, "item") and not isinstance(value, str):
@@ -81,7 +83,7 @@ class ActorInputProbe:
         state = {"global_steps": int(self.global_steps), "dataloader": None, "difficulty": None}
         loader = getattr(self, "train_dataloader", None)
         if loader is not None and hasattr(loader, "state_dict"):
-            state["dataloader"] = _jsonable(loader.state_dict())
+            state["dataloader"] = jsonable(loader.state_dict())
         service = getattr(self, "difficulty", None)
         if service is not None and hasattr(service, "snapshot"):
             state["difficulty"] = service.snapshot()

@@ -75,6 +75,7 @@ class HFCpuServer:
             attn = "sdpa"
         self.model, self.tokenizer, self.processor, hf_config = _load_policy(self.model_config.local_path, attn)
         self.suppressed = torch.tensor(_never_sampled(hf_config), dtype=torch.long)
+        self.image_token_id = getattr(hf_config, "image_token_id", None)
         # verl leaves max_model_len unset by default: a request may use the prompt plus the response budget.
         self.max_model_len = self.config.max_model_len or (self.config.prompt_length + self.config.response_length)
         # Model weights version, an integer as verl's metrics expect; set by the adapter after each sync.
@@ -88,13 +89,22 @@ class HFCpuServer:
 
     # ------------------------------------------------------------------ generation
 
-    def _vision_inputs(self, image_data, video_data, mm_processor_kwargs) -> dict:
+    def _vision_inputs(self, prompt_ids: list[int], image_data, video_data, mm_processor_kwargs) -> dict:
+        """Pixel values and grids of the request's images, and ``mm_token_type_ids`` (1 on image tokens): without
+        it transformers' Qwen2-VL silently falls back to 1-D positions for the image, not the M-RoPE the actor
+        uses (and the log-probs of a random model differ by only ~1e-4, so the mistake would hide)."""
         if video_data:
             raise NotImplementedError("the hf_cpu rollout serves images only, not videos")
         if not image_data:
             return {}
         out = self.processor.image_processor(images=image_data, return_tensors="pt", **(mm_processor_kwargs or {}))
-        return {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+        ids = torch.tensor([prompt_ids], dtype=torch.long)
+        token_types = (ids == self.image_token_id).to(torch.int32)
+        return {
+            "pixel_values": out["pixel_values"],
+            "image_grid_thw": out["image_grid_thw"],
+            "mm_token_type_ids": token_types,
+        }
 
     @torch.no_grad()
     def _sample(self, prompt_ids: list[int], sampling_params: dict, vision: dict) -> tuple[list[int], list[float]]:
@@ -140,7 +150,7 @@ class HFCpuServer:
         **kwargs,
     ) -> TokenOutput:
         await self._generation_allowed.wait()
-        vision = self._vision_inputs(image_data, video_data, mm_processor_kwargs)
+        vision = self._vision_inputs(list(prompt_ids), image_data, video_data, mm_processor_kwargs)
 
         def run():
             with self._lock:  # one request at a time: the CPU has no room for concurrent forward passes

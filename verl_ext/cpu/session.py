@@ -22,9 +22,9 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl_ext.cpu.probe import PROBE_ENV
 
-# The largest mean |rollout log-prob - actor log-prob| per token accepted as "the weights were synced".
-# Float32 on both sides: ~1e-6 is seen with the sync; a missed sync after a 1e-3 Adam step is orders larger.
-LOGPROB_TOLERANCE = 1e-3
+# The largest |mean rollout log-prob - mean actor log-prob| of a response (verl's rollout_corr/log_ppl_abs_diff)
+# accepted as "the weights were synced". Float32 on both sides: ~1e-6 with the sync.
+LOGPROB_TOLERANCE = 1e-4
 RESUMED_SUFFIX = "_resumed"
 
 
@@ -32,18 +32,29 @@ class CpuRunError(RuntimeError):
     """A CPU run finished but does not show what a real training run must (the message says what)."""
 
 
-def _wait_for_named_actors(before: set, timeout_s: float = 120.0) -> None:
-    """Wait until the named actors a finished run created are gone (they are killed with their task runner);
-    a second run would otherwise meet the first one's rollout server under the same name."""
-    import ray
+def release_finished_run(timeout_s: float = 120.0) -> None:
+    """Free what a finished run of this job left in the cluster before the next run starts.
 
+    Its actors die with its task runner; they are waited for (the next run's rollout server takes the same name
+    in this job's namespace). Its placement groups do not: Ray scopes them to the job, not to the actor that made
+    them, so they would keep the one logical GPU. This job's groups (a Ray id ends with its job id) are removed.
+    """
+    import ray
+    from ray._raylet import PlacementGroupID
+    from ray.util.placement_group import PlacementGroup
+
+    job = ray.get_runtime_context().get_job_id()
+    for pg_id, info in ray.util.placement_group_table().items():
+        if pg_id.endswith(job) and info["state"] != "REMOVED":
+            ray.util.remove_placement_group(PlacementGroup(PlacementGroupID(bytes.fromhex(pg_id))))
+    total_gpus = ray.cluster_resources().get("GPU", 0)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        alive = {(a["namespace"], a["name"]) for a in ray.util.list_named_actors(all_namespaces=True)}
-        if alive <= before:
+        actors = ray.util.list_named_actors()
+        if not actors and ray.available_resources().get("GPU", 0) >= total_gpus:
             return
         time.sleep(0.5)
-    raise CpuRunError(f"actors {sorted(alive - before)[:5]} of the finished run are still alive after {timeout_s}s")
+    raise CpuRunError(f"the finished run still holds actors {sorted(actors)[:5]} or the GPU after {timeout_s}s")
 
 
 def resumed_config(config: DictConfig, more_steps: int) -> DictConfig:
@@ -58,8 +69,6 @@ def resumed_config(config: DictConfig, more_steps: int) -> DictConfig:
 
 def train_then_resume(config: DictConfig, train: Callable[[DictConfig], None], resume_steps: int) -> dict:
     """Run ``train(config)``, then ``train`` on :func:`resumed_config`; returns :func:`summarize`'s summary."""
-    import ray
-
     started = time.perf_counter()
     steps = int(config.trainer.total_training_steps)
     if config.trainer.save_freq <= 0 or steps % config.trainer.save_freq:
@@ -67,12 +76,8 @@ def train_then_resume(config: DictConfig, train: Callable[[DictConfig], None], r
             f"trainer.save_freq={config.trainer.save_freq} saves no checkpoint at step {steps} (trainer."
             "total_training_steps) to resume from; use a divisor of it"
         )
-    before = None
-    if ray.is_initialized():
-        before = {(a["namespace"], a["name"]) for a in ray.util.list_named_actors(all_namespaces=True)}
-    train(config)
-    if before is not None:
-        _wait_for_named_actors(before)
+    train(config)  # verl's run_ppo connects to Ray (the job's cluster, or a local one it starts)
+    release_finished_run()
     train(resumed_config(config, resume_steps))
     summary = summarize(config, resume_steps)
     summary["seconds"] = round(time.perf_counter() - started, 1)
@@ -133,14 +138,16 @@ def summarize(config: DictConfig, resume_steps: int) -> dict:
         summary["collapse_rate_local"] = last.get("diva/collapse_rate/local")
         summary["collapse_rate_global"] = last.get("diva/collapse_rate/global")
     probe_dir = os.environ.get(PROBE_ENV)
-    begin = os.path.join(probe_dir or "", f"train_begin_step{steps}.json")
+    # Named by the first step the resumed trainer runs (verl counts it up before its train-begin hook).
+    begin = os.path.join(probe_dir or "", f"train_begin_step{steps + 1}.json")
     if probe_dir and os.path.exists(begin):
         with open(begin) as f:
             state = json.load(f)
         if state["difficulty"] is not None:
             from verl_ext.difficulty.persistence import checkpoint_state_path, load_state
 
-            saved = load_state(checkpoint_state_path(folder))
+            questions = load_state(checkpoint_state_path(folder))["questions"]
+            saved = dict(zip(questions["ids"], questions["difficulty"], strict=True))
             if state["difficulty"] != saved:
                 raise CpuRunError("the resumed run's difficulty state differs from the one saved in the checkpoint")
             summary["questions_tracked"] = len(saved)
