@@ -29,6 +29,7 @@ setup(
         "tqdm",
         "omegaconf",
         "hydra-core",
+        "matplotlib",
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-timeout", "ruff==0.17.*"],
@@ -37,6 +38,6 @@ setup(
     },
     entry_points={
         "verl.plugins": ["diva_grpo = verl_ext.plugin"],
-        "console_scripts": ["diva-prep = data_prep.cli:main"],
+        "console_scripts": ["diva-prep = data_prep.cli:main", "diva-report = verl_ext.report.cli:main"],
     },
 )

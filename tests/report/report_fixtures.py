@@ -1,0 +1,77 @@
+"""Run folders written the way a training run leaves them: verl file-logger JSONL files and checkpoint states."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from verl_ext.difficulty import DifficultyTracker, checkpoint_state_path, save_state
+
+
+def write_log(path: Path, records: list[tuple[int, dict]], newline_at_end: bool = True) -> Path:
+    """One verl ``FileLogger`` file: ``{"step": s, "data": {...}}`` per line (NaN written as null, as orjson)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"step": step, "data": data}) for step, data in records]
+    path.write_text("\n".join(lines) + ("\n" if newline_at_end else ""), encoding="utf-8")
+    return path
+
+
+def validation_curve(steps, accs: dict[str, list[float]]) -> dict[int, dict]:
+    """``{step: {"val-core/<source>/acc/mean@1": acc, ...}}``."""
+    out: dict[int, dict] = {}
+    for source, values in accs.items():
+        for step, value in zip(steps, values, strict=True):
+            out.setdefault(step, {})[f"val-core/{source}/acc/mean@1"] = value
+            out[step][f"val-aux/{source}/reward/mean@1"] = 0.9 * value + 0.1
+    return out
+
+
+def training_run(
+    folder: Path,
+    steps: int,
+    val_every: int,
+    accs: dict[str, list[float]],
+    seed: int = 0,
+    diva: bool = True,
+    save_every: int | None = None,
+    files: int = 1,
+) -> Path:
+    """A run folder: ``logs/metrics_*.jsonl`` (``files`` launches, each resuming the last) and, for a DIVA run with
+    ``save_every``, ``global_step_N/diva_difficulty.json``. ``accs[source]`` holds one value per validation step
+    (0, val_every, 2 * val_every, ...)."""
+    rng = np.random.default_rng(seed)
+    val_steps = list(range(0, steps + 1, val_every))
+    validation = validation_curve(val_steps, accs)
+    tracker = DifficultyTracker()
+    records = []
+    for step in range(0, steps + 1):
+        data = dict(validation.get(step, {}))
+        if step > 0:
+            data["critic/score/mean"] = float(rng.uniform(0.2, 0.8))
+            data["response_length/mean"] = float(rng.uniform(300, 900))
+            data["critic/values/mean"] = None  # verl writes NaN as null
+            if diva:
+                data["diva/collapse_rate/local"] = float(rng.uniform(0, 0.6))
+                data["diva/collapse_rate/global"] = float(rng.uniform(0, 0.4))
+                data["diva/variant_mix/original"] = 0.5
+                data["diva/variant_mix/paraphrase"] = 0.25
+                data["diva/variant_mix/image_perturb"] = 0.25
+                data["diva/variant_fallbacks"] = float(rng.integers(0, 3))
+                tracker.update([f"q{i}" for i in rng.choice(40, 8, replace=False)], rng.uniform(0, 1, 8), step)
+                data["diva/difficulty/mean"] = tracker.metrics()["diva/difficulty/mean"]
+            else:
+                data["grpo/collapse_rate"] = float(rng.uniform(0, 0.7))
+        if data:
+            records.append((step, data))
+        if diva and save_every and step > 0 and step % save_every == 0:
+            save_state(tracker.state_dict(), checkpoint_state_path(str(folder / f"global_step_{step}")))
+    chunk = -(-len(records) // files)
+    for launch in range(files):
+        path = write_log(folder / "logs" / f"metrics_{launch}.jsonl", records[launch * chunk : (launch + 1) * chunk])
+        stamp = time.time() - 1000 + launch  # write order = launch order
+        os.utime(path, (stamp, stamp))
+    return folder
