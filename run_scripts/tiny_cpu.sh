@@ -6,7 +6,7 @@
 # equal to the actor's after each weight sync, difficulty state restored) and prints a summary. A few minutes.
 #   bash run_scripts/tiny_cpu.sh                     # DIVA-GRPO
 #   METHOD=grpo bash run_scripts/tiny_cpu.sh         # verl's GRPO baseline, same responses per question
-#   METHOD=<estimator> bash run_scripts/tiny_cpu.sh  # another toolkit method, with the DIVA trainer and dataset
+#   METHOD=<method> bash run_scripts/tiny_cpu.sh     # a toolkit method (verl_ext.methods), e.g. avspo
 # WORKDIR (default outputs/tiny_cpu) keeps the tiny model and data between launches; each launch writes its
 # checkpoints, metrics and actor-input records to a fresh RUN_DIR inside it. Extra Hydra overrides may follow.
 set -euo pipefail

@@ -8,7 +8,7 @@ setting but the method's own (``METHODS``), at the same response budget per ques
 * ``diva``: DIVA-GRPO, ``questions x (original + 1 variant)`` prompts, ``n`` responses each;
 * ``grpo``: verl's GRPO baseline (``trainer_mode=sync``, verl's ``RLHFDataset``), ``questions`` prompts,
   ``2 n`` responses each;
-* any other toolkit estimator name runs with the DIVA trainer and dataset (``algorithm.adv_estimator=<name>``).
+* any other toolkit method (``verl_ext.methods``): its own trainer mode (``toolkit``), verl's dataset, like GRPO.
 
 Sizes that keep a step to seconds on 2 cores: 2 questions per step, 24 response tokens, 84 x 84 pixels; one
 agent-loop worker, one reward worker, one storage unit (verl's defaults start 8 of each: ~10 GB).
@@ -46,28 +46,40 @@ def prepare(workdir: str) -> dict:
 
 
 def method_overrides(method: str, questions: int, rollout_n: int) -> list[str]:
-    """What differs between methods: estimator, trainer, dataset, prompts per step and responses per prompt."""
-    if method == "grpo":
-        prompts, n = questions, 2 * rollout_n
+    """What differs between methods: estimator, trainer, dataset, prompts per step and responses per prompt.
+
+    Every method gets ``2 * rollout_n`` responses per question: DIVA as 2 prompts (original + variant) x n, the
+    others as 1 prompt x 2n (verl's dataset, no variants), as the GPU launchers do.
+    """
+    if method in ("diva", "diva_grpo"):
+        estimator, trainer_mode = "diva_grpo", "diva_grpo"
+    elif method == "grpo":
+        estimator, trainer_mode = "grpo", "sync"
+    else:
+        from verl_ext.methods import METHODS, get_method
+
+        if method not in METHODS:
+            raise ValueError(f"--method {method!r}: expected diva, grpo or a toolkit method {sorted(METHODS)}")
+        estimator, trainer_mode = method, get_method(method).trainer_mode
+    if trainer_mode == "diva_grpo":
+        prompts = 2 * questions
         return [
-            "algorithm.adv_estimator=grpo",
-            "trainer.v1.trainer_mode=sync",
-            "data.custom_cls.path=null",
-            "data.custom_cls.name=null",
-            "diva.variants.variants_per_question=0",
+            f"algorithm.adv_estimator={estimator}",
+            "trainer.v1.trainer_mode=diva_grpo",
+            "diva.variants.variants_per_question=1",
             f"data.train_batch_size={prompts}",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
-            f"actor_rollout_ref.rollout.n={n}",
+            f"actor_rollout_ref.rollout.n={rollout_n}",
         ]
-    prompts = 2 * questions
-    estimator = "diva_grpo" if method == "diva" else method
     return [
         f"algorithm.adv_estimator={estimator}",
-        "trainer.v1.trainer_mode=diva_grpo",
-        "diva.variants.variants_per_question=1",
-        f"data.train_batch_size={prompts}",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
-        f"actor_rollout_ref.rollout.n={rollout_n}",
+        f"trainer.v1.trainer_mode={trainer_mode}",
+        "data.custom_cls.path=null",
+        "data.custom_cls.name=null",
+        "diva.variants.variants_per_question=0",
+        f"data.train_batch_size={questions}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={questions}",
+        f"actor_rollout_ref.rollout.n={2 * rollout_n}",
     ]
 
 
