@@ -13,6 +13,16 @@ import torch
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _require_torchvision() -> None:
+    """Qwen2-VL's processor (transformers 5) and verl's qwen_vl_utils import torchvision: say how to get it."""
+    try:
+        import torchvision  # noqa: F401
+    except ImportError as err:
+        pytest.fail(f"the CPU end-to-end tests need torchvision ({err}): pip install torch==2.14.1 torchvision==0.29.1")
+
+
 CONFIG_DIR = ROOT / "recipe" / "diva_grpo" / "config"
 
 
@@ -48,6 +58,7 @@ def test_cpu_platform_and_patches_only_when_asked_for():
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
+    _require_torchvision()
     from verl_ext.cpu.tiny_model import build_tiny_qwen2_vl
 
     return build_tiny_qwen2_vl(str(tmp_path_factory.mktemp("tiny") / "model"))

@@ -32,6 +32,16 @@ from verl_ext.cpu.probe import jsonable
 from verl_ext.difficulty.persistence import checkpoint_state_path, load_state
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def _require_torchvision() -> None:
+    """Qwen2-VL's processor (transformers 5) and verl's qwen_vl_utils import torchvision: say how to get it."""
+    try:
+        import torchvision  # noqa: F401
+    except ImportError as err:
+        pytest.fail(f"the CPU end-to-end tests need torchvision ({err}): pip install torch==2.14.1 torchvision==0.29.1")
+
+
 STEPS, RESUME_STEPS = 3, 1
 ALL_STEPS = list(range(1, STEPS + RESUME_STEPS + 1))
 
@@ -40,6 +50,7 @@ pytestmark = pytest.mark.timeout(900)
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
+    _require_torchvision()
     workdir = tmp_path_factory.mktemp("tiny_cpu")
     run_dir = workdir / "run"
     env = {
@@ -190,4 +201,6 @@ def test_the_resumed_run_restored_difficulty_state_and_dataloader_position(run):
         seen |= {record["extra_info"][i]["question_id"] for i in _real_rows(record)}
     resumed = run["records"][STEPS + 1]
     assert seen.isdisjoint({resumed["extra_info"][i]["question_id"] for i in _real_rows(resumed)})
+    # The launcher's own summary made the same difficulty check and says so.
     assert run["summary"]["steps"] == ALL_STEPS
+    assert run["summary"]["questions_tracked"] == len(begin["difficulty"])
