@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 
+from recipe.diva_grpo.prelaunch import DEFAULT_DATA_FILES
 from verl_ext.config import diva_config_from
 
 PREFLIGHT_QUESTIONS_PER_STEP = 4
@@ -47,11 +48,6 @@ class PreflightError(RuntimeError):
 
 def _log(msg: str) -> None:
     print(f"[preflight] {msg}", flush=True)
-
-
-# The recipe's data files when the user names none (launcher and yaml defaults). Only these may be missing in a
-# preflight, which then uses a synthetic set; a file the user named must exist.
-DEFAULT_DATA_FILES = ("data/diva_train.parquet", "data/diva_val.parquet")
 
 
 def _ensure_data(config: DictConfig, workdir: str) -> tuple[str, str]:
@@ -93,8 +89,10 @@ def preflight_config(config: DictConfig, workdir: str) -> DictConfig:
         cfg.trainer.total_training_steps = PREFLIGHT_STEPS
         cfg.trainer.total_epochs = 1
         cfg.trainer.save_freq = PREFLIGHT_STEPS - 1
-        cfg.trainer.test_freq = -1
-        cfg.trainer.val_before_train = False
+        # Validation before training and after every step, on the configured validation files: verl's val-core
+        # metrics reach the metrics log (one accuracy per data_source), as in a real run.
+        cfg.trainer.test_freq = 1
+        cfg.trainer.val_before_train = True
         cfg.trainer.resume_mode = "auto"
         cfg.trainer.default_local_dir = os.path.join(workdir, "checkpoints")
         cfg.trainer.logger = ["file"]
@@ -174,6 +172,11 @@ def check_reward_on_gold(dataset, reward_fn, rows: int = 8) -> int:
     return min(rows, len(frame))
 
 
+# verl's file logger truncates its file when it opens it: one file per trainer, in write order (diva-report merges
+# the files of a run folder in that order).
+METRICS_LOGS = ("metrics_1_before_resume.jsonl", "metrics_2_after_resume.jsonl")
+
+
 def _read_metrics(path: str) -> list[dict]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -192,6 +195,7 @@ def run_preflight(config: DictConfig) -> dict:
     from verl.utils.import_utils import load_extern_object
 
     import recipe.diva_grpo.trainer  # noqa: F401  (registers the trainers)
+    from recipe.diva_grpo.console import quiet_console, stdout_to
     from recipe.diva_grpo.simulation import SimulatedAgentLoopManager, build_simulated_trainer
     from recipe.diva_grpo.toolkit_trainer import ToolkitTrainer
     from recipe.diva_grpo.trainer import DivaTrainer
@@ -212,6 +216,9 @@ def run_preflight(config: DictConfig) -> dict:
         os.makedirs(parent, exist_ok=True)
     workdir = tempfile.mkdtemp(prefix="diva_preflight_", dir=parent)
     _log(f"work folder {workdir}")
+    # Third-party warnings go to the full log only (recipe/diva_grpo/console.py).
+    full_log = os.path.join(workdir, "preflight.log")
+    quiet_console(full_log)
 
     # 1. config
     diva_config_from(config.diva)
@@ -223,9 +230,11 @@ def run_preflight(config: DictConfig) -> dict:
         f"variants_per_question={cfg.diva.variants.variants_per_question}, rollout.n={cfg.actor_rollout_ref.rollout.n}"
     )
 
+    # The actors' output stays in Ray's session logs instead of being echoed here.
     if not ray.is_initialized():
-        ray.init(namespace=f"diva_preflight_{os.getpid()}")
+        ray.init(namespace=f"diva_preflight_{os.getpid()}", log_to_driver=False)
     tq.init(cfg.transfer_queue)
+    quiet_console(full_log)  # loggers TransferQueue creates when it starts
     reward_fn = load_extern_object(cfg.reward.custom_reward_function.path, cfg.reward.custom_reward_function.name)
     try:
         # 2-3. data and first batch
@@ -241,8 +250,9 @@ def run_preflight(config: DictConfig) -> dict:
         # 5. steps on simulated rollouts, checkpoint at step PREFLIGHT_STEPS - 1
         trainer.total_training_steps = PREFLIGHT_STEPS - 1
         # verl's file logger truncates its file when it opens: one file per trainer.
-        os.environ["VERL_FILE_LOGGER_PATH"] = os.path.join(workdir, "metrics_before_resume.jsonl")
-        trainer.fit(SimulatedAgentLoopManager(reward_fn, n=cfg.actor_rollout_ref.rollout.n))
+        os.environ["VERL_FILE_LOGGER_PATH"] = os.path.join(workdir, METRICS_LOGS[0])
+        with stdout_to(full_log):  # verl prints every validation metric at the start and end of fit
+            trainer.fit(SimulatedAgentLoopManager(reward_fn, n=cfg.actor_rollout_ref.rollout.n))
         saved = _resumable_state(trainer, diva)
         if diva:
             if not saved:
@@ -256,15 +266,22 @@ def run_preflight(config: DictConfig) -> dict:
         if _resumable_state(resumed, diva) != saved:
             what = "difficulty state" if diva else f"{resumed.method.name} batch planner state"
             raise PreflightError(f"the {what} after resume differs from the one saved with the checkpoint")
-        os.environ["VERL_FILE_LOGGER_PATH"] = os.path.join(workdir, "metrics_after_resume.jsonl")
-        resumed.fit(SimulatedAgentLoopManager(reward_fn, n=cfg.actor_rollout_ref.rollout.n))
+        os.environ["VERL_FILE_LOGGER_PATH"] = os.path.join(workdir, METRICS_LOGS[1])
+        with stdout_to(full_log):
+            resumed.fit(SimulatedAgentLoopManager(reward_fn, n=cfg.actor_rollout_ref.rollout.n))
     finally:
         tq.close()
 
-    logged = _read_metrics(os.path.join(workdir, "metrics_before_resume.jsonl"))
-    logged += _read_metrics(os.path.join(workdir, "metrics_after_resume.jsonl"))
-    last = logged[-1]["data"] if logged else {}
-    summary = {"steps": [entry["step"] for entry in logged], "method": cfg.algorithm.adv_estimator}
+    logged = [entry for name in METRICS_LOGS for entry in _read_metrics(os.path.join(workdir, name))]
+    # Training lines; the validation-only lines (before training, and again on resume) are checked below.
+    training = [entry for entry in logged if any(not key.startswith("val-") for key in entry["data"])]
+    last = training[-1]["data"] if training else {}
+    validation = {key: value for entry in logged for key, value in entry["data"].items() if key.startswith("val-core/")}
+    if not validation:
+        raise PreflightError(
+            "validation logged no val-core metrics: check data.val_files and the reward function's 'acc' key"
+        )
+    summary = {"steps": [entry["step"] for entry in training], "method": cfg.algorithm.adv_estimator}
     if diva:
         summary.update(
             questions_tracked=len(resumed.difficulty.snapshot()),
@@ -276,8 +293,11 @@ def run_preflight(config: DictConfig) -> dict:
         prefix = f"{resumed.method.prefix}/"
         summary.update({key: value for key, value in sorted(last.items()) if key.startswith(prefix + "collapse_rate")})
     summary["checkpoint"] = os.path.join(cfg.trainer.default_local_dir, f"global_step_{PREFLIGHT_STEPS - 1}")
+    summary["validation"] = {key: round(value, 4) for key, value in sorted(validation.items())}
     summary["seconds"] = round(time.perf_counter() - started, 1)
     _log("summary " + json.dumps(summary, default=str))
+    _log(f"full log (third-party warnings included): {full_log}")
+    _log(f"plots of this run: diva-report {workdir} --output {os.path.join(workdir, 'report')}")
     if diva:
         _log("PASSED: config, data, variants, reward, difficulty service, DIVA steps, checkpoint and resume")
     else:
