@@ -17,12 +17,14 @@ instead of echoing it. Errors are never filtered: an exception still ends the pr
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from contextlib import contextmanager, redirect_stdout
 
 # Logger names (and their children) whose warnings and infos say nothing to a preflight user.
 QUIET_LOGGERS = ("transfer_queue", "py.warnings", "ray", "torchdata")
 FULL_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_MARK = "_diva_full_log"
 
 
 class ThirdPartyFilter(logging.Filter):
@@ -55,10 +57,18 @@ def quiet_console(full_log: str) -> logging.Handler:
     """
     logging.captureWarnings(True)
     root = logging.getLogger()
-    handler = next((h for h in root.handlers if getattr(h, "baseFilename", None) == full_log), None)
+    full_log = os.path.abspath(full_log)
+    handler = None
+    for old in [h for h in root.handlers if getattr(h, _MARK, False)]:
+        if old.baseFilename == full_log:
+            handler = old
+        else:  # an earlier preflight's log in the same process (tests): one full log at a time
+            root.removeHandler(old)
+            old.close()
     if handler is None:
         handler = logging.FileHandler(full_log, encoding="utf-8")
         handler.setFormatter(logging.Formatter(FULL_LOG_FORMAT))
+        setattr(handler, _MARK, True)
         root.addHandler(handler)
         if root.level > logging.INFO or root.level == logging.NOTSET:
             root.setLevel(logging.INFO)
