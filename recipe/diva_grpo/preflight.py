@@ -68,7 +68,24 @@ def _ensure_data(config: DictConfig, workdir: str) -> tuple[str, str]:
     val = os.path.join(workdir, "synth_val.parquet")
     synth(train, 48, seed=0, split="train")
     synth(val, 8, seed=1, split="test")
+    if config.algorithm.adv_estimator == "durian":
+        train = _with_visual_entropy(train, workdir)
     return train, val
+
+
+def _with_visual_entropy(train: str, workdir: str) -> str:
+    """Durian reads extra_info.visual_entropy: fill it the way a user does (``diva-prep entropy``), with a tiny
+    randomly initialised Qwen2-VL vision tower built here standing in for the policy (no model is loaded)."""
+    from pathlib import Path
+
+    from data_prep.entropy import EntropyOptions, run_entropy
+    from verl_ext.cpu.tiny_model import build_tiny_qwen2_vl
+
+    model = build_tiny_qwen2_vl(os.path.join(workdir, "tiny_vision_model"))
+    out = os.path.join(workdir, "synth_train_entropy.parquet")
+    summary = run_entropy(train, out, EntropyOptions(model=Path(model), device="cpu", progress=False))
+    _log(f"durian: visual entropy of {summary.rows_written} rows by diva-prep entropy (tiny stand-in encoder)")
+    return out
 
 
 def preflight_config(config: DictConfig, workdir: str) -> DictConfig:
@@ -97,7 +114,18 @@ def preflight_config(config: DictConfig, workdir: str) -> DictConfig:
         cfg.trainer.default_local_dir = os.path.join(workdir, "checkpoints")
         cfg.trainer.logger = ["file"]
         cfg.transfer_queue.enable = True
+        if cfg.algorithm.adv_estimator == "mupo" and _no_embedding_endpoint(cfg.mupo.embedding):
+            # No endpoint named: the preflight embeds with the model-free backend (it names the swap); a named
+            # endpoint is used for real, so an unreachable one fails here as it would in the job.
+            _log("mupo: no embedding endpoint set (MUPO_EMBEDDING_BASE_URL): embedding with hashed trigrams instead")
+            cfg.mupo.embedding.backend = "hashing"
     return cfg
+
+
+def _no_embedding_endpoint(embedding) -> bool:
+    from verl_ext.mupo.embeddings_client import BASE_URL_ENV
+
+    return embedding.backend == "openai" and not (embedding.base_url or os.environ.get(BASE_URL_ENV))
 
 
 def check_first_batch(trainer) -> dict:

@@ -207,7 +207,8 @@ class SimulatedActorWorkerGroup:
         return batch
 
     def update_actor(self, batch: KVBatchMeta) -> dict:
-        fields = ["advantages", "response_mask", "rm_scores", "old_log_probs", "uid", "extra_info", "extra_fields"]
+        fields = ["advantages", "response_mask", "responses", "rm_scores", "old_log_probs", "uid", "extra_info"]
+        fields.append("extra_fields")
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         record = {name: non_tensor_list(data.pop(name)) for name in ("uid", "extra_info", "extra_fields")}
         padded = data.to_padded_tensor()
@@ -218,6 +219,7 @@ class SimulatedActorWorkerGroup:
             response_mask=padded["response_mask"].clone(),
             rm_scores=padded["rm_scores"].clone(),
             old_log_probs=padded["old_log_probs"].clone(),
+            responses=padded["responses"].clone(),
         )
         self.updates.append(record)
         return {"metrics": {"mfu": 0.0, "pg_loss": 0.0}}

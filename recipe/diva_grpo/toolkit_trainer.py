@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 import transfer_queue as tq
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.protocol import DataProto
@@ -79,6 +79,20 @@ class ToolkitTrainer(PPOTrainerSync):
             )
         if self.method.check_config is not None:
             self.method.check_config(config, self.method_config)
+
+    def _init_dataloader(self):
+        super()._init_dataloader()
+        # A planner that serves each dataloader batch on several steps (CoDaPO: fresh, then resampled) makes an
+        # epoch that many times longer; verl counts steps from the dataloader alone.
+        repeat = getattr(self.batch_planner, "steps_per_batch", 1)
+        if repeat != 1 and self.config.trainer.total_training_steps is None:
+            self.steps_per_epoch *= repeat
+            self.total_training_steps *= repeat
+            with open_dict(self.config):
+                optim = self.config.actor_rollout_ref.actor.get("optim", None)
+                if optim is not None:
+                    optim.total_training_steps = self.total_training_steps * self.parameter_sync_step
+            logger.info("%s: %d steps (%d per dataloader batch)", self.method.name, self.total_training_steps, repeat)
 
     # ------------------------------------------------------------------ advantage
 

@@ -17,6 +17,7 @@ LAUNCHERS = {
     "avspo": (8, 128),
     "codapo": (8, 128),
     "durian": (8, 128),
+    "mupo": (15, 128),
 }
 
 
@@ -53,12 +54,12 @@ def local_ray():
     ray.shutdown()
 
 
-@pytest.mark.parametrize("method", ["avspo", "codapo"])
+@pytest.mark.parametrize("method", sorted(LAUNCHERS))
 def test_method_preflight_passes(method, local_ray, tmp_path, monkeypatch, capsys):
     from recipe.diva_grpo.preflight import run_preflight
 
     monkeypatch.setenv("DIVA_PREFLIGHT_DIR", str(tmp_path))
-    for name in ("TRAIN_FILES", "VAL_FILES"):
+    for name in ("TRAIN_FILES", "VAL_FILES", "MUPO_EMBEDDING_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
     cfg = compose_overrides(launcher_overrides(f"run_scripts/qwen25vl7b_{method}.sh", DRY_RUN="1"))
     summary = run_preflight(cfg)

@@ -17,11 +17,18 @@ from toolkit_fixtures import compose_toolkit_config, read_metrics, real_rows, wr
 import recipe.diva_grpo.trainer  # noqa: F401  (registers the trainers)
 from recipe.diva_grpo.simulation import SimulatedAgentLoopManager, build_simulated_trainer
 from recipe.diva_grpo.toolkit_trainer import ToolkitTrainer
-from verl_ext.algos import compute_avspo_advantage, compute_codapo_advantage, compute_durian_advantage
+from verl_ext.algos import (
+    compute_avspo_advantage,
+    compute_codapo_advantage,
+    compute_durian_advantage,
+    compute_mupo_advantage,
+)
 from verl_ext.methods import get_method
 from verl_ext.methods.avspo import AvspoConfig
 from verl_ext.methods.codapo import CodapoConfig
 from verl_ext.methods.durian import DurianConfig
+from verl_ext.mupo import MupoConfig, add_sequence_bonus, decode_responses, mupo_step
+from verl_ext.mupo.hashing_embedder import HashingEmbedder
 from verl_ext.reward import compute_score
 
 PROMPTS = 4
@@ -63,20 +70,21 @@ def rows_of(update):
         "infos": [update["extra_info"][i] for i in keep],
         "acc": [update["extra_fields"][i]["reward_extra_info"]["acc"] for i in keep],
         "advantages": update["advantages"][idx],
+        "responses": update["responses"][idx],
     }
 
 
-def run(tmp_path, method, *overrides, monkeypatch, dp_size=5):
+def run(tmp_path, method, *overrides, monkeypatch, dp_size=5, rollout_n=N):
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / f"{method}.jsonl"))
-    cfg = compose_toolkit_config(tmp_path, method, *overrides, prompts_per_step=PROMPTS, rollout_n=N)
+    cfg = compose_toolkit_config(tmp_path, method, *overrides, prompts_per_step=PROMPTS, rollout_n=rollout_n)
     trainer = build_simulated_trainer(ToolkitTrainer, cfg, dp_size=dp_size)
-    manager = SimulatedAgentLoopManager(compute_score, n=N)
+    manager = SimulatedAgentLoopManager(compute_score, n=rollout_n)
     trainer.fit(manager)
     return trainer, read_metrics(tmp_path / f"{method}.jsonl")
 
 
 def test_method_configs_from_the_recipe_yaml_are_the_paper_defaults(tmp_path):
-    for name, cls in (("avspo", AvspoConfig), ("codapo", CodapoConfig), ("durian", DurianConfig)):
+    for name, cls in (("avspo", AvspoConfig), ("codapo", CodapoConfig), ("durian", DurianConfig), ("mupo", MupoConfig)):
         cfg = compose_toolkit_config(tmp_path, name)
         assert get_method(name).config_from(cfg) == cls()
         with pytest.raises(ValueError, match=f"unknown key.*'{name}'"):
@@ -161,3 +169,44 @@ def test_codapo_weights_resampling_and_mid_epoch_resume(ray_and_tq, tmp_path, mo
     again = resumed.actor_rollout_wg.updates
     assert sorted(info["question_id"] for info in rows_of(again[0])["infos"]) == sorted(second)
     assert {info["question_id"] for info in rows_of(again[1])["infos"]} == third
+
+
+def test_mupo_three_steps_partition_diversity_reward_and_grouped_advantage(ray_and_tq, tmp_path, monkeypatch):
+    write_synth_data(tmp_path)
+    n = 9  # k * min_size: every prompt splits into 3 groups of 3
+    trainer, logged = run(tmp_path, "mupo", "mupo.embedding.backend=hashing", monkeypatch=monkeypatch, rollout_n=n)
+    config = MupoConfig(embedding=MupoConfig().embedding.__class__(backend="hashing"))
+    for step, update in enumerate(trainer.actor_rollout_wg.updates, start=1):
+        rows = rows_of(update)
+        texts = decode_responses(rows["responses"], rows["mask"], trainer.tokenizer)
+        assert all("\\boxed{" in text for text in texts)
+        scores = rows["rewards"].sum(-1)
+        new_scores, partition, _ = mupo_step(
+            texts, scores, rows["acc"], rows["uid"], step, 3, config, HashingEmbedder()
+        )
+        rewards = add_sequence_bonus(rows["rewards"], rows["mask"], new_scores - scores)
+        expected, _ = compute_mupo_advantage(rewards, rows["mask"], rows["uid"], partition)
+        torch.testing.assert_close(rows["advantages"], expected)
+    for entry in logged:
+        data = entry["data"]
+        assert data["mupo/groups_per_prompt/mean"] == 3
+        for key in ("mupo/lambda", "mupo/collapse_rate/partition", "mupo/embed/latency_s"):
+            assert key in data, key
+    assert logged[0]["data"]["mupo/lambda"] == pytest.approx(0.4)
+    assert logged[-1]["data"]["mupo/lambda"] == pytest.approx(0.1)
+
+
+def test_mupo_refuses_too_few_rollouts_at_start_up(tmp_path):
+    cfg = compose_toolkit_config(tmp_path, "mupo", rollout_n=8)
+    with pytest.raises(ValueError, match="rollout.n"):
+        ToolkitTrainer(cfg)
+
+
+def test_codapo_epochs_count_both_passes_of_a_batch(ray_and_tq, tmp_path):
+    write_synth_data(tmp_path)  # 12 questions, 4 per step: 3 dataloader batches per epoch
+    overrides = ("trainer.total_training_steps=null", "trainer.total_epochs=2")
+    codapo = build_simulated_trainer(ToolkitTrainer, compose_toolkit_config(tmp_path, "codapo", *overrides))
+    assert (codapo.steps_per_epoch, codapo.total_training_steps) == (6, 12)
+    assert codapo.config.actor_rollout_ref.actor.optim.total_training_steps == 12
+    plain = compose_toolkit_config(tmp_path, "codapo", *overrides, "codapo.resample=false")
+    assert build_simulated_trainer(ToolkitTrainer, plain).total_training_steps == 6

@@ -59,6 +59,9 @@ def compute(inputs: AdvantageInputs, config: CodapoConfig) -> AdvantageResult:
 class CodapoPlanner:
     """The toolkit trainer's batch planner for CoDaPO: fresh batch, then its resampled pass, and so on."""
 
+    # Each dataloader batch trains two steps, so an epoch of total_epochs has twice the dataloader's steps.
+    steps_per_batch = 2
+
     def __init__(self, config: CodapoConfig):
         self.resampler = CoDaPOResampler(config.percentile, config.repeat_count)
         self._serving_resampled = False

@@ -18,7 +18,8 @@ class EmbeddingConfig(BaseConfig):
     """Where the responses' reasoning is embedded (``mupo.embedding``)."""
 
     # "openai": any OpenAI-compatible /v1/embeddings endpoint (vLLM, SGLang, TEI, OpenAI); "sentence_transformers":
-    # a local model on the trainer's node (optional package, imported only then).
+    # a local model on the trainer's node (optional package, imported only then); "hashing": hashed character
+    # trigrams, no model (CPU runs and the preflight only: it knows nothing of meaning).
     backend: str = "openai"
     # Endpoint base URL, e.g. http://embed-host:8000/v1; None reads the MUPO_EMBEDDING_BASE_URL environment variable.
     base_url: str | None = None

@@ -10,7 +10,7 @@ import numpy as np
 
 from verl_ext.mupo.config import EmbeddingConfig
 
-BACKENDS = ("openai", "sentence_transformers")
+BACKENDS = ("openai", "sentence_transformers", "hashing")
 
 
 class Embedder(Protocol):
@@ -50,6 +50,10 @@ def build_embedder(config: EmbeddingConfig) -> Embedder:
         from verl_ext.mupo.local_embedder import SentenceTransformerEmbedder
 
         return SentenceTransformerEmbedder(config.model, device=config.device, batch_size=config.batch_size)
+    if config.backend == "hashing":
+        from verl_ext.mupo.hashing_embedder import HashingEmbedder
+
+        return HashingEmbedder()
     raise ValueError(f"mupo.embedding.backend must be one of {BACKENDS}, got {config.backend!r}")
 
 
