@@ -20,7 +20,7 @@ from data_prep.errors import PrepError
 from data_prep.images import decode_size
 from data_prep.parquet_io import iter_parquet_batches
 from data_prep.quarantine import BadRow
-from verl_ext.data.schema import IMAGE_PLACEHOLDER, PROMPT_SUFFIX, SCHEMA, missing_columns
+from verl_ext.data.schema import IMAGE_PLACEHOLDER, PROMPT_SUFFIX, SCHEMA, column_type_matches, missing_columns
 
 
 @dataclass
@@ -154,7 +154,7 @@ def validate_file(path: str | Path, batch_size: int = 64) -> ValidationReport:
     for name in missing:
         report.add("error", "schema columns", None, None, f"missing column {name!r}")
     for expected in SCHEMA:
-        if expected.name in schema.names and not schema.field(expected.name).type.equals(expected.type):
+        if expected.name in schema.names and not column_type_matches(expected.name, schema.field(expected.name).type):
             actual = schema.field(expected.name).type
             report.add("error", "schema types", None, None, f"{expected.name}: {actual}, expected {expected.type}")
     if missing:

@@ -117,3 +117,22 @@ def test_validate_reports_missing_columns_and_unreadable_files(tmp_path):
 def test_every_figure_kind_appears(rows):
     questions = {row["question"].split(".")[0] for row in synth_rows(rows)}
     assert len(questions) >= min(rows, len(FIGURES))
+
+
+def test_files_written_before_visual_entropy_existed_still_validate(tmp_path, capsys):
+    out = tmp_path / "synth.parquet"
+    assert main(["synth", "--output", str(out), "--n", "4"]) == 0
+    table = pq.read_table(out)
+    infos = [
+        {k: v for k, v in info.items() if k != "visual_entropy"} for info in table.column("extra_info").to_pylist()
+    ]
+    column = table.schema.get_field_index("extra_info")
+    old = tmp_path / "old.parquet"
+    pq.write_table(table.set_column(column, "extra_info", pa.array(infos)), old)
+    assert "visual_entropy" not in pq.read_schema(old).field("extra_info").type.names
+    assert main(["validate", str(old)]) == 0
+    assert "OK: 0 error(s)" in capsys.readouterr().out
+    # Any other change of the struct is still an error.
+    infos = [{**info, "extra": 1} for info in infos]
+    pq.write_table(table.set_column(column, "extra_info", pa.array(infos)), old)
+    assert validate_file(old).errors

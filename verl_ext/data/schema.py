@@ -56,6 +56,8 @@ EXTRA_INFO_TYPE = pa.struct(
         ("visual_entropy", pa.float64()),
     ]
 )
+# extra_info fields a file may lack: files written before the field existed are still valid DIVA parquet.
+OPTIONAL_EXTRA_INFO_FIELDS = ("visual_entropy",)
 
 SCHEMA = pa.schema(
     [
@@ -89,6 +91,17 @@ def build_prompt_text(question: str, num_images: int, hint_steps: list[str] | No
 def build_prompt(question: str, num_images: int, hint_steps: list[str] | None = None) -> list[dict]:
     """verl's chat-list ``prompt`` for one user turn."""
     return [{"role": "user", "content": build_prompt_text(question, num_images, hint_steps)}]
+
+
+def column_type_matches(name: str, actual: pa.DataType) -> bool:
+    """Whether column ``name`` of a file has the format's type (``extra_info`` may lack its optional fields)."""
+    expected = SCHEMA.field(name).type
+    if actual.equals(expected):
+        return True
+    if name != "extra_info" or not pa.types.is_struct(actual):
+        return False
+    required = pa.struct([f for f in EXTRA_INFO_TYPE if f.name not in OPTIONAL_EXTRA_INFO_FIELDS])
+    return actual.equals(required)
 
 
 def missing_columns(names) -> list[str]:
