@@ -30,9 +30,13 @@ setup(
         "omegaconf",
         "hydra-core",
         "matplotlib",
+        # MUPO's size-constrained k-means (imported only by MUPO's partition).
+        "k-means-constrained>=0.9",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout", "ruff==0.17.*"],
+        "test": ["pytest>=8", "pytest-timeout", "ruff==0.17.*", "sentence-transformers"],
+        # MUPO's optional local embedding backend (mupo.embedding.backend=sentence_transformers).
+        "embeddings-local": ["sentence-transformers"],
         # Same pins as verl 0.9.1's own `vllm` and `flash-attn-cu130torch211` extras.
         "gpu": ["verl[vllm]==0.9.1", "flash-attn==2.8.3"],
     },
