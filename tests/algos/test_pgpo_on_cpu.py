@@ -10,7 +10,7 @@ import pytest
 import torch
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
-from verl_ext.algos import compute_pgpo_advantage, pgpo_metrics, pgpo_token_weights, visual_dependency
+from verl_ext.algos import compute_pgpo_advantage, pgpo, pgpo_metrics, pgpo_token_weights, visual_dependency
 
 # ---------------------------------------------------------------------------------------------------------------
 # The reference: issue 11's formulas, one response and one token at a time, in Python floats.
@@ -113,9 +113,17 @@ KNOBS = [
 ]
 
 
+@pytest.fixture(params=["one block", "blocks of 1-2 rows"])
+def blocks(request, monkeypatch):
+    """The weights are computed block by block of rows; small blocks put the row boundaries everywhere."""
+    if request.param != "one block":
+        monkeypatch.setattr(pgpo, "_BLOCK_TOKENS", 16)
+    return request.param
+
+
 @pytest.mark.parametrize("knobs", KNOBS)
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_weights_match_the_loop_reference_on_random_batches(knobs, dtype):
+def test_weights_match_the_loop_reference_on_random_batches(knobs, dtype, blocks):
     rng = np.random.default_rng(11)
     for _ in range(25):
         log_probs, blind, mask = random_batch(rng, dtype)
@@ -130,7 +138,7 @@ def test_weights_match_the_loop_reference_on_random_batches(knobs, dtype):
         torch.testing.assert_close(weights.sum(-1), mask.sum(-1).to(dtype), rtol=tol, atol=tol)
 
 
-def test_special_rows_single_token_constant_masked_and_extreme():
+def test_special_rows_single_token_constant_masked_and_extreme(blocks):
     log_probs = torch.tensor(
         [
             [-1.0, -2.0, -0.5, -3.0],  # single response token: its weight is 1
@@ -185,7 +193,7 @@ def random_rewarded_batch(rng, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_advantages_are_grpo_times_the_weights(dtype):
+def test_advantages_are_grpo_times_the_weights(dtype, blocks):
     rng = np.random.default_rng(5)
     for _ in range(40):
         rewards, mask, index, log_probs, blind = random_rewarded_batch(rng, dtype)
@@ -283,7 +291,7 @@ def _replace(name, make):
         (_set("token_level_rewards", 0, 0, float("nan")), "token_level_rewards: every row sum must be finite"),
     ],
 )
-def test_bad_input_names_the_argument(change, message):
+def test_bad_input_names_the_argument(change, message, blocks):
     args = _inputs()
     change(args)
     with pytest.raises(ValueError, match=message):
@@ -297,10 +305,23 @@ def test_knobs_out_of_range_are_refused(knob, value):
         pgpo_token_weights(args["log_probs"], args["blind_log_probs"], args["response_mask"], **{knob: value})
 
 
-def test_nan_on_a_masked_position_is_still_an_error():
+def test_nan_on_a_masked_position_is_still_an_error(blocks):
     args = _inputs()
     mask = args["response_mask"]
     mask[0, 3] = 0
     _set("blind_log_probs", 0, 3, float("nan"))(args)
     with pytest.raises(ValueError, match=r"blind_log_probs holds NaN \(response 0, token 3\)"):
         pgpo_token_weights(args["log_probs"], args["blind_log_probs"], mask)
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int32, torch.float32, torch.float64])
+def test_every_mask_dtype_gives_the_same_weights_and_a_bad_float_mask_names_its_row(mask_dtype, blocks):
+    rng = np.random.default_rng(2)
+    log_probs, blind, mask = random_batch(rng, torch.float32, tokens=6)
+    expected = pgpo_token_weights(log_probs, blind, mask)
+    assert torch.equal(pgpo_token_weights(log_probs, blind, mask.to(mask_dtype)), expected)
+    if mask_dtype.is_floating_point:
+        bad = mask.to(mask_dtype)
+        bad[-1, 0] = 0.5
+        with pytest.raises(ValueError, match=f"response_mask must hold only 0 and 1; row {mask.shape[0] - 1}"):
+            pgpo_token_weights(log_probs, blind, bad)

@@ -79,8 +79,8 @@ def pgpo_token_weights(
         ValueError: naming the argument for a non-tensor, non-float, wrong-shape or NaN input, a mask that is not
             0/1, or a knob out of range.
     """
-    on = _check_weight_inputs(log_probs, blind_log_probs, response_mask, tau, beta, kl_max, epsilon)
-    return _token_weights(log_probs, blind_log_probs, on, tau, beta, kl_max, epsilon)
+    _check_weight_inputs(log_probs, blind_log_probs, response_mask, tau, beta, kl_max, epsilon)
+    return _token_weights(log_probs, blind_log_probs, response_mask, tau, beta, kl_max, epsilon)
 
 
 @torch.no_grad()
@@ -123,9 +123,11 @@ def compute_pgpo_advantage(
     spread = group_range(scores, group_of, num_groups)
     per_response = group_zscore(scores, group_of, num_groups, spread, epsilon)
 
-    on = _check_weight_inputs(log_probs, blind_log_probs, response_mask, tau, beta, kl_max, epsilon)
-    # A_i rides on the mass-conservation multiply: one (B, T) pass writes the masked advantages.
-    advantages = _token_weights(log_probs, blind_log_probs, on, tau, beta, kl_max, epsilon, row_scale=per_response)
+    _check_weight_inputs(log_probs, blind_log_probs, response_mask, tau, beta, kl_max, epsilon)
+    # A_i rides on the mass-conservation multiply: the same pass writes the masked advantages.
+    advantages = _token_weights(
+        log_probs, blind_log_probs, response_mask, tau, beta, kl_max, epsilon, row_scale=per_response
+    )
     advantages = advantages.to(token_level_rewards.dtype)
     return advantages, advantages
 
@@ -139,7 +141,8 @@ def visual_dependency(
     kl_max: float = 10.0,
 ) -> torch.Tensor:
     """``(B, T)`` clamped k3 dependency ``S_t`` (module docstring) on the response tokens, 0 elsewhere."""
-    on = _check_weight_inputs(log_probs, blind_log_probs, response_mask, 0.0, 0.0, kl_max, 0.0)
+    _check_weight_inputs(log_probs, blind_log_probs, response_mask, 0.0, 0.0, kl_max, 0.0)
+    on = _float_mask(response_mask, torch.promote_types(log_probs.dtype, blind_log_probs.dtype))
     return _dependency(log_probs, blind_log_probs, kl_max, on.dtype).mul_(on)
 
 
@@ -162,7 +165,8 @@ def pgpo_metrics(
     ``pgpo/visual_dependency_max`` (of ``S_t``). ``weights``: the output of :func:`pgpo_token_weights` for the same
     inputs, if already computed (else it is recomputed). A batch without response tokens gives 0 for each.
     """
-    on = _check_weight_inputs(log_probs, blind_log_probs, response_mask, tau, beta, kl_max, epsilon)
+    _check_weight_inputs(log_probs, blind_log_probs, response_mask, tau, beta, kl_max, epsilon)
+    on = _float_mask(response_mask, torch.promote_types(log_probs.dtype, blind_log_probs.dtype))
     if weights is None:
         weights = pgpo_token_weights(
             log_probs, blind_log_probs, response_mask, tau=tau, beta=beta, kl_max=kl_max, epsilon=epsilon
@@ -191,122 +195,109 @@ _METRIC_NAMES = ("share_above_tau", "weight_mean", "weight_max", "visual_depende
 
 # ---------------------------------------------------------------------------------------------------- internals
 #
-# The (B, T) passes dominate (2,560 x 4,096 is 10M tokens): every step below works in place on a few buffers,
-# since a fresh (B, T) allocation costs more than an elementwise pass (page faults), and avoids mixed-dtype ops
-# and ``torch.where`` on (B, T) tensors, which are several times slower than plain float arithmetic on CPU.
+# The (B, T) passes dominate (2,560 x 4,096 is 10M tokens). The weights are computed block by block of rows
+# (about 2^18 tokens per thread, 1 MiB of float32): every row statistic (min, max, sums) is local to its row, so a
+# block is a complete, vectorised problem, and its ~20 elementwise passes run on three small buffers that stay in
+# cache instead of streaming ~40 MB each through memory; fresh (B, T) temporaries would also cost a page fault per
+# 4 KiB. The loop runs over ~B*T/2^18 blocks (40 for a DIVA step), never over responses. Mixed-dtype ops and
+# ``torch.where`` on (B, T) tensors are avoided (several times slower than plain float arithmetic on CPU).
 # NaN is not tested up front: it propagates through every step into the row totals, which are checked (O(B)).
+
+_BLOCK_TOKENS = 1 << 18
+
+
+def _block_rows(tokens: int) -> int:
+    return max(1, (_BLOCK_TOKENS * torch.get_num_threads()) // max(tokens, 1))
 
 
 def _token_weights(
     log_probs: torch.Tensor,
     blind_log_probs: torch.Tensor,
-    on: torch.Tensor,
+    response_mask: torch.Tensor,
     tau: float,
     beta: float,
     kl_max: float,
     epsilon: float,
     row_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The weights (times ``row_scale[:, None]`` when given), ``on`` the checked float mask."""
-    scratch, s_tilde = _compressed_dependency(log_probs, blind_log_probs, kl_max, on.dtype)
-    weights, finite = _weights_from_compressed(s_tilde, on, tau, beta, kl_max, epsilon, scratch, row_scale)
-    if not finite:
+    """``(B, T)`` weights (times ``row_scale[:, None]`` when given) in the promoted log-prob dtype."""
+    dtype = torch.promote_types(log_probs.dtype, blind_log_probs.dtype)
+    batch, tokens = log_probs.shape
+    out = torch.empty((batch, tokens), dtype=dtype, device=log_probs.device)
+    rows = _block_rows(tokens)
+    buffers = [torch.empty((min(rows, batch), tokens), dtype=dtype, device=log_probs.device) for _ in range(3)]
+
+    def run(infinite: bool) -> str:
+        for start in range(0, batch, rows):
+            stop = min(start + rows, batch)
+            status = _weights_block(
+                log_probs[start:stop],
+                blind_log_probs[start:stop],
+                response_mask[start:stop],
+                out[start:stop],
+                *(buffer[: stop - start] for buffer in buffers),
+                tau=tau,
+                beta=beta,
+                kl_max=kl_max,
+                epsilon=epsilon,
+                row_scale=None if row_scale is None else row_scale[start:stop],
+                infinite=infinite,
+            )
+            if status != "ok":
+                return status
+        return "ok"
+
+    status = run(infinite=False)
+    if status == "nan":
         # Slow path: a NaN input is an error; otherwise the NaN came from an infinite log-ratio, which the
         # clamped path handles.
         _raise_on_nan(log_probs, "log_probs")
         _raise_on_nan(blind_log_probs, "blind_log_probs")
-        scratch, s_tilde = _compressed_dependency(log_probs, blind_log_probs, kl_max, on.dtype, infinite=True)
-        weights, _ = _weights_from_compressed(s_tilde, on, tau, beta, kl_max, epsilon, scratch, row_scale)
-    return weights
+        status = run(infinite=True)
+    if status == "mask":
+        _float_mask(response_mask, dtype)  # raises the shared helper's error, naming the row
+    if status != "ok":
+        raise AssertionError(f"PGPO weights: unexpected block status {status!r}")  # pragma: no cover
+    return out
 
 
-def _dependency(log_probs: torch.Tensor, blind_log_probs: torch.Tensor, kl_max: float, dtype) -> torch.Tensor:
-    """``(B, T)`` ``S = clamp(expm1(d) - d, 0, kl_max)`` with ``d = blind - sighted``, every position (a new tensor).
-
-    Masked positions hold whatever their log-probs give; callers mask. NaN inputs raise.
-    """
-    s = _compressed_dependency(log_probs, blind_log_probs, kl_max, dtype, compress=False)[1]
-    if not bool(torch.isfinite(s.sum())):
-        _raise_on_nan(log_probs, "log_probs")
-        _raise_on_nan(blind_log_probs, "blind_log_probs")
-        s = _compressed_dependency(log_probs, blind_log_probs, kl_max, dtype, compress=False, infinite=True)[1]
-    return s
-
-
-def _compressed_dependency(
+def _weights_block(
     log_probs: torch.Tensor,
     blind_log_probs: torch.Tensor,
-    kl_max: float,
-    dtype,
-    compress: bool = True,
-    infinite: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(scratch, S~)``: ``S~ = log1p(S)`` (``S`` when not ``compress``) on every position, and a free buffer.
-
-    ``S = expm1(d) - d`` is finite or ``+inf`` for every finite ``d`` (``exp`` overflows to ``inf`` for a large
-    ``d``; a very negative ``d`` gives ``-1 - d``), and the ``kl_max`` clamp takes both to ``kl_max``; ``expm1``
-    keeps the small-``d`` regime (``S ~ d^2 / 2``) accurate. Only an infinite ``d`` gives NaN (``inf - inf``):
-    the ``infinite`` path (taken by the callers after checking that no input is NaN) first maps the same infinite
-    log-prob in both views to ``d = 0`` (no difference) and clamps ``d`` to ``+-(kl_max + 2)``, beyond which
-    ``S(d) > kl_max + 1`` on either side, so the clamp changes no clamped ``S``.
-    """
-    d = torch.sub(blind_log_probs.to(dtype), log_probs.to(dtype))
-    if infinite:
-        d.nan_to_num_(nan=0.0, posinf=float("inf"), neginf=float("-inf"))
-        bound = kl_max + 2.0
-        d.clamp_(-bound, bound)
-    s = torch.expm1(d)
-    s.sub_(d).clamp_(0.0, kl_max)
-    if compress:
-        s.log1p_()
-    return d, s
-
-
-def _normalise_(s_tilde: torch.Tensor, on: torch.Tensor, kl_max: float, epsilon: float, scratch: torch.Tensor):
-    """``S~ <- I = (S~ - min) / (max - min + epsilon)`` per row over the response tokens, in place.
-
-    ``S~`` lies in ``[0, log1p(kl_max)]``: the row max of ``S~ * mask`` is the max over the response (masked zeros
-    never exceed it) and the row min of ``S~ + big * (1 - mask)`` the min over it (both exact). Off the response
-    ``I`` is garbage (callers mask). A row without response tokens gets ``max = 0``, ``min = big``: finite, masked.
-    """
-    high = torch.mul(s_tilde, on, out=scratch).amax(dim=-1, keepdim=True)
-    big = math.log1p(kl_max) + 1.0
-    off = torch.sub(1.0, on, out=scratch)
-    low = torch.add(s_tilde, off, alpha=big, out=scratch).amin(dim=-1, keepdim=True)
-    spread = high.sub_(low).add_(epsilon)
-    # A constant S~ with epsilon 0 would be 0 / 0: its I is 0, as with a positive epsilon.
-    spread.masked_fill_(spread == 0, 1.0)
-    return s_tilde.sub_(low).div_(spread)
-
-
-def _weights_from_compressed(
-    s_tilde: torch.Tensor,
+    mask: torch.Tensor,
+    out: torch.Tensor,
     on: torch.Tensor,
+    scratch: torch.Tensor,
+    spare: torch.Tensor,
+    *,
     tau: float,
     beta: float,
     kl_max: float,
     epsilon: float,
-    scratch: torch.Tensor,
-    row_scale: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, bool]:
-    """Gate and mass conservation from ``S~`` (module docstring), consuming ``s_tilde`` and ``scratch``.
+    row_scale: torch.Tensor | None,
+    infinite: bool,
+) -> str:
+    """The weights of a block of rows into ``out`` (module docstring), with three scratch buffers of its shape.
 
-    ``on`` is the checked float 0/1 mask in ``s_tilde``'s dtype; ``row_scale``, a ``(B,)`` factor per row applied in
-    the same pass. Returns ``(weights, finite)``: the weights (in ``s_tilde``'s buffer) and whether every row
-    total was finite (``False``: a NaN reached them).
+    Returns ``"ok"``, ``"mask"`` (the mask is not 0/1) or ``"nan"`` (a row total is not finite).
     """
+    on.copy_(mask)
+    if not _is_zero_one(on, mask.dtype):
+        return "mask"
+    count = on.sum(dim=-1, keepdim=True)
+    s_tilde = _dependency_into(log_probs, blind_log_probs, scratch, out, kl_max, infinite=infinite).log1p_()
     normalised = _normalise_(s_tilde, on, kl_max, epsilon, scratch)
     # The branch is chosen by the exact test I < tau, as a float 0/1 weight of lerp(high, low, below), which
     # returns either end exactly.
     below = torch.lt(normalised, tau, out=scratch)
     # tau = epsilon = 0: the low branch is never taken on a response token (I >= 0); 0 keeps it finite elsewhere.
-    low = torch.mul(normalised, 1.0 / (tau + epsilon) if tau + epsilon > 0 else 0.0)
+    low = torch.mul(normalised, 1.0 / (tau + epsilon) if tau + epsilon > 0 else 0.0, out=spare)
     slope = beta / (1.0 - tau + epsilon)
     high = normalised.mul_(slope).add_(1.0 - slope * tau)  # 1 + beta * (I - tau) / (1 - tau + eps)
     weights = torch.lerp(high, low, below, out=high).mul_(on)
-    del low
     total = weights.sum(dim=-1, keepdim=True)
-    count = on.sum(dim=-1, keepdim=True)
+    if not bool(torch.isfinite(total).all()):
+        return "nan"
     # Mass conservation; a row whose total is 0 (constant S~, every I = 0 below a positive tau) has no mass to
     # conserve and gets weights 1 (rows without response tokens have count 0 and stay 0).
     constant = (total <= 0).squeeze(-1)
@@ -321,10 +312,85 @@ def _weights_from_compressed(
         if row_scale is not None:
             fill.mul_(row_scale.index_select(0, rows))
         weights.index_copy_(0, rows, fill)
-    return weights, bool(torch.isfinite(total).all())
+    return "ok"
 
 
-def _check_weight_inputs(log_probs, blind_log_probs, response_mask, tau, beta, kl_max, epsilon) -> torch.Tensor:
+def _dependency_into(
+    log_probs: torch.Tensor,
+    blind_log_probs: torch.Tensor,
+    d: torch.Tensor,
+    s: torch.Tensor,
+    kl_max: float,
+    infinite: bool = False,
+) -> torch.Tensor:
+    """``s <- S = clamp(expm1(d) - d, 0, kl_max)`` with ``d <- blind - sighted`` (both buffers written); returns ``s``.
+
+    ``expm1(d) - d`` is finite or ``+inf`` for every finite ``d`` (``expm1`` overflows to ``inf`` for a large
+    ``d``; a very negative ``d`` gives ``-1 - d``), and the ``kl_max`` clamp takes both to ``kl_max``. Only an
+    infinite ``d`` gives NaN (``inf - inf``): the ``infinite`` path (taken by the callers after checking that no
+    input is NaN) first maps the same infinite log-prob in both views to ``d = 0`` (no difference) and clamps ``d``
+    to ``+-(kl_max + 2)``, beyond which ``S(d) > kl_max + 1`` on either side, so the clamp changes no clamped ``S``.
+    ``expm1`` rather than ``exp(d) - 1``: the latter would carry exp's rounding (~1e-7 in float32) into an ``S`` of
+    order ``d^2 / 2``, which the per-response min-max normalisation amplifies when a whole response depends little
+    on the image.
+    """
+    torch.sub(blind_log_probs, log_probs, out=d)
+    if infinite:
+        d.nan_to_num_(nan=0.0, posinf=float("inf"), neginf=float("-inf"))
+        bound = kl_max + 2.0
+        d.clamp_(-bound, bound)
+    torch.expm1(d, out=s)
+    return s.sub_(d).clamp_(0.0, kl_max)
+
+
+def _dependency(log_probs: torch.Tensor, blind_log_probs: torch.Tensor, kl_max: float, dtype) -> torch.Tensor:
+    """``(B, T)`` ``S`` (:func:`_dependency_into`) on every position, as a new tensor; NaN inputs raise."""
+    d = torch.empty(log_probs.shape, dtype=dtype, device=log_probs.device)
+    s = _dependency_into(log_probs, blind_log_probs, d, torch.empty_like(d), kl_max)
+    if not bool(torch.isfinite(s.sum())):
+        _raise_on_nan(log_probs, "log_probs")
+        _raise_on_nan(blind_log_probs, "blind_log_probs")
+        s = _dependency_into(log_probs, blind_log_probs, d, s, kl_max, infinite=True)
+    return s
+
+
+def _normalise_(s_tilde: torch.Tensor, on: torch.Tensor, kl_max: float, epsilon: float, scratch: torch.Tensor):
+    """``S~ <- I = (S~ - min) / (max - min + epsilon)`` per row over the response tokens, in place.
+
+    ``S~`` lies in ``[0, log1p(kl_max)]``: the row max of ``S~ * mask`` is the max over the response (masked zeros
+    never exceed it) and the row min of ``S~ + big * (1 - mask)`` the min over it (both exact). Off the response
+    ``I`` is garbage (callers mask). A row without response tokens gets ``max = 0``, ``min = big``: finite, masked.
+    A constant ``S~`` with ``epsilon = 0`` would be ``0 / 0``: its ``I`` is 0, as with a positive ``epsilon``.
+    """
+    high = torch.mul(s_tilde, on, out=scratch).amax(dim=-1, keepdim=True)
+    big = math.log1p(kl_max) + 1.0
+    lifted = torch.mul(on, -big, out=scratch).add_(big).add_(s_tilde)  # exact: S~ + 0 or S~ + big
+    low = lifted.amin(dim=-1, keepdim=True)
+    spread = high.sub_(low).add_(epsilon)
+    spread.masked_fill_(spread == 0, 1.0)
+    return s_tilde.sub_(low).div_(spread)
+
+
+def _float_mask(response_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The checked ``(B, T)`` mask in ``dtype`` (the shared helper's check and error message)."""
+    ones = torch.ones(response_mask.shape[0], dtype=dtype, device=response_mask.device)
+    return broadcast_over_mask(ones, response_mask)
+
+
+def _is_zero_one(on: torch.Tensor, mask_dtype: torch.dtype) -> bool:
+    """Whether the float copy ``on`` of a mask of ``mask_dtype`` holds only 0 and 1 (the rule of
+    :func:`verl_ext.algos.checks.broadcast_over_mask`, which raises the error message)."""
+    if mask_dtype == torch.bool or on.numel() == 0:
+        return True
+    low, high = torch.aminmax(on)  # NaN makes both comparisons false
+    if not (bool(low >= 0) and bool(high <= 1)):
+        return False
+    if not mask_dtype.is_floating_point:
+        return True  # an integer in [0, 1] is 0 or 1
+    return bool(torch.count_nonzero(on) == torch.count_nonzero(on.eq(1)))
+
+
+def _check_weight_inputs(log_probs, blind_log_probs, response_mask, tau, beta, kl_max, epsilon) -> None:
     for name, value in (("log_probs", log_probs), ("blind_log_probs", blind_log_probs)):
         if not isinstance(value, torch.Tensor) or value.dtype not in (torch.float32, torch.float64):
             raise ValueError(f"{name} must be a float32 or float64 torch.Tensor, got {describe(value)}")
@@ -354,9 +420,6 @@ def _check_weight_inputs(log_probs, blind_log_probs, response_mask, tau, beta, k
         raise ValueError(f"kl_max must be a positive finite number, got {kl_max}")
     if not epsilon >= 0.0:
         raise ValueError(f"epsilon must be >= 0, got {epsilon}")
-    # The 0/1 check of the shared broadcast helper; its output (the mask in the log-prob dtype) is reused.
-    ones = torch.ones(log_probs.shape[0], dtype=torch.promote_types(log_probs.dtype, blind_log_probs.dtype))
-    return broadcast_over_mask(ones.to(log_probs.device), response_mask)
 
 
 def _raise_on_nan(values: torch.Tensor, name: str) -> None:
