@@ -100,6 +100,18 @@ def scripted_log_probs(input_ids: torch.Tensor) -> torch.Tensor:
     return out
 
 
+BLIND_SHIFTED_TOKEN = 7
+
+
+def scripted_blind_log_probs(input_ids: torch.Tensor) -> torch.Tensor:
+    """The stand-in actor's blind log-probs: :func:`scripted_log_probs`, 1.5 lower where the scored token is a
+    multiple of :data:`BLIND_SHIFTED_TOKEN` (the tokens that "depend on the image")."""
+    following = torch.roll(input_ids.to(torch.int64), -1)
+    out = scripted_log_probs(input_ids) - 1.5 * (following % BLIND_SHIFTED_TOKEN == 0).to(torch.float32)
+    out[-1] = 0.0
+    return out
+
+
 class SimulatedAgentLoopManager:
     """Stands in for ``AgentLoopManagerTQ`` + vLLM: writes scored trajectories into TransferQueue.
 
@@ -203,6 +215,25 @@ class SimulatedActorWorkerGroup:
             keys=batch.keys,
             partition_id=batch.partition_id,
             fields=TensorDict({"log_probs": log_probs, "entropy": entropy}, batch_size=len(batch)),
+        )
+        return batch
+
+    def compute_blind_log_prob(self, batch: KVBatchMeta) -> KVBatchMeta:
+        """PGPO's blind pass (``verl_ext.pgpo``): :func:`scripted_blind_log_probs`, response-aligned as verl's
+        TransferQueue bridge writes the real worker's ``blind_log_probs``."""
+        from verl.workers.utils.padding import response_from_nested
+
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["input_ids", "response_mask"]
+        )
+        full = torch.nested.as_nested_tensor(
+            [scripted_blind_log_probs(ids) for ids in data["input_ids"].unbind()], layout=torch.jagged
+        )
+        blind = response_from_nested(full, data["response_mask"])
+        tq.kv_batch_put(
+            keys=batch.keys,
+            partition_id=batch.partition_id,
+            fields=TensorDict({"blind_log_probs": blind}, batch_size=len(batch)),
         )
         return batch
 

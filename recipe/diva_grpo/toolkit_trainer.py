@@ -7,7 +7,8 @@ Registered as ``trainer.v1.trainer_mode=toolkit``; ``algorithm.adv_estimator`` p
   declares (``extra_info``, reward extras, old or blind log-probs, response ids), applies verl's in-reward KL
   penalty and rollout correction as verl does, hands the real rows (verl's synthetic padding rows excluded:
   they get zero advantage and join no group) to the method's ``compute``, and writes the advantages back;
-* ``_compute_old_log_prob``: then runs the method's extra pass, if any (PGPO's blind log-probs);
+* ``_compute_old_log_prob``: then runs the method's extra pass, if any (PGPO's blind log-probs), served by the
+  actor worker subclass the method puts in ``role_worker_mapping`` (``_init_resource_pool_mgr``);
 * ``_fetch_one_gen_batch``: asks the method's batch planner, if any, which prompts to roll out (CoDaPO's
   resampling), otherwise verl's dataloader;
 * ``_save_checkpoint`` / ``_load_checkpoint``: the planner's state travels in the same ``global_step_N``.
@@ -212,6 +213,11 @@ class ToolkitTrainer(PPOTrainerSync):
             metrics[f"{self.method.prefix}/timing_s/planner"] = seconds
 
     # ------------------------------------------------------------------ extra pass
+
+    def _init_resource_pool_mgr(self):
+        super()._init_resource_pool_mgr()
+        if self.method.actor_workers is not None:
+            self.method.actor_workers(self.role_worker_mapping)
 
     def _compute_old_log_prob(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
         batch = super()._compute_old_log_prob(batch, metrics)

@@ -18,6 +18,7 @@ LAUNCHERS = {
     "codapo": (8, 128),
     "durian": (8, 128),
     "mupo": (15, 128),
+    "pgpo": (5, 128),
 }
 
 
@@ -32,6 +33,14 @@ def test_method_launcher_composes_the_toolkit_run(method):
     assert cfg.data.train_batch_size == prompts == cfg.actor_rollout_ref.actor.ppo_mini_batch_size
     assert cfg.trainer.experiment_name == f"qwen25vl7b_{method}"
     assert method in cfg  # the method's knob block
+
+
+def test_pgpo_launcher_uses_the_papers_dapo_recipe():
+    cfg = compose_overrides(launcher_overrides("run_scripts/qwen25vl7b_pgpo.sh"))
+    assert cfg.data.max_response_length == 2048
+    assert (cfg.actor_rollout_ref.actor.clip_ratio_low, cfg.actor_rollout_ref.actor.clip_ratio_high) == (0.2, 0.28)
+    assert cfg.actor_rollout_ref.actor.optim.lr == pytest.approx(1e-6)
+    assert not cfg.actor_rollout_ref.actor.use_kl_loss and not cfg.algorithm.use_kl_in_reward
 
 
 @pytest.mark.skipif(has_gpu(), reason="this machine has a GPU")

@@ -22,6 +22,7 @@ from verl_ext.algos import (
     compute_codapo_advantage,
     compute_durian_advantage,
     compute_mupo_advantage,
+    compute_pgpo_advantage,
 )
 from verl_ext.methods import get_method
 from verl_ext.methods.avspo import AvspoConfig
@@ -210,3 +211,37 @@ def test_codapo_epochs_count_both_passes_of_a_batch(ray_and_tq, tmp_path):
     assert codapo.config.actor_rollout_ref.actor.optim.total_training_steps == 12
     plain = compose_toolkit_config(tmp_path, "codapo", *overrides, "codapo.resample=false")
     assert build_simulated_trainer(ToolkitTrainer, plain).total_training_steps == 6
+
+
+def test_pgpo_three_steps_blind_pass_and_token_advantages(ray_and_tq, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from recipe.diva_grpo.simulation import BLIND_SHIFTED_TOKEN, PROCESSOR_STAND_IN
+
+    write_synth_data(tmp_path)
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "pgpo.jsonl"))
+    cfg = compose_toolkit_config(tmp_path, "pgpo", prompts_per_step=PROMPTS, rollout_n=N)
+    # The stand-in rollout's prompts are the bytes of the chat messages: call "{" (in every prompt) the image token.
+    processor = SimpleNamespace(image_processor=PROCESSOR_STAND_IN.image_processor, image_token_id=ord("{"))
+    trainer = build_simulated_trainer(ToolkitTrainer, cfg, processor=processor, dp_size=2)
+    trainer.fit(SimulatedAgentLoopManager(compute_score, n=N))
+    for update in trainer.actor_rollout_wg.updates:
+        rows = rows_of(update)
+        mask = rows["mask"].bool()
+        # The stand-in blind view is 1.5 lower on the tokens that are multiples of 7: the advantages follow.
+        blind = rows["old"] - 1.5 * (rows["responses"] % BLIND_SHIFTED_TOKEN == 0).float() * mask
+        expected, _ = compute_pgpo_advantage(rows["rewards"], rows["mask"], rows["uid"], rows["old"], blind)
+        torch.testing.assert_close(rows["advantages"], expected)
+        grpo, _ = compute_pgpo_advantage(rows["rewards"], rows["mask"], rows["uid"], rows["old"], blind, tau=0, beta=0)
+        live = grpo.abs().sum(-1) > 0
+        assert live.any()
+        shifted = (rows["responses"] % BLIND_SHIFTED_TOKEN == 0) & mask
+        # Visually dependent tokens weigh more than the response's other tokens.
+        ratio = (rows["advantages"] / grpo.where(grpo != 0, torch.ones_like(grpo)))[live]
+        assert (ratio[shifted[live]].mean() > ratio[~shifted[live] & mask[live]].mean()).item()
+    logged = read_metrics(tmp_path / "pgpo.jsonl")
+    for entry in logged:
+        data = entry["data"]
+        assert data["pgpo/blind_pass_share"] == 1.0
+        for key in ("timing_s/blind_log_prob", "pgpo/share_above_tau", "pgpo/weight_mean", "pgpo/collapse_rate"):
+            assert key in data, key

@@ -4,7 +4,7 @@
 verl's registry and :func:`get_method` finds the toolkit's description of the method.
 """
 
-from verl_ext.methods import avspo, codapo, diva, durian, mupo  # noqa: F401  (each registers itself)
+from verl_ext.methods import avspo, codapo, diva, durian, mupo, pgpo  # noqa: F401  (each registers itself)
 from verl_ext.methods.base import (
     METHODS,
     AdvantageInputs,

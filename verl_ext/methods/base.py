@@ -147,6 +147,8 @@ class AdvantageMethod:
             ``load_state_dict(state)`` and ``metrics()``.
         pre_advantage: ``(trainer, batch, metrics, method_config) -> batch``, run after verl's old log-probs
             (PGPO's blind pass); writes the fields it produces to TransferQueue.
+        actor_workers: ``(role_worker_mapping) -> None``, run after verl builds the trainer's worker mapping, to
+            substitute a subclass of verl's actor worker that serves the ``pre_advantage`` pass.
         plain_estimator: a function with verl's estimator signature, registered as ``adv_estimator=<name>``
             for verl's plain trainers. ``None``: the method needs more than ``uid`` and its registration
             refuses with a message naming the toolkit trainer.
@@ -162,6 +164,7 @@ class AdvantageMethod:
     check_config: Callable[[Any, Any], None] | None = None
     batch_planner: Callable[[Any], Any] | None = None
     pre_advantage: Callable[..., Any] | None = None
+    actor_workers: Callable[[dict], None] | None = None
     plain_estimator: Callable | None = None
     trainer_mode: str = "toolkit"
 
