@@ -92,7 +92,7 @@ class HFCpuServer:
     def _vision_inputs(self, prompt_ids: list[int], image_data, video_data, mm_processor_kwargs) -> dict:
         """Pixel values and grids of the request's images, and ``mm_token_type_ids`` (1 on image tokens): without
         it transformers' Qwen2-VL silently falls back to 1-D positions for the image, not the M-RoPE the actor
-        uses (and the log-probs of a random model differ by only ~1e-4, so the mistake would hide)."""
+        uses (a random model's log-probs then differ by only ~1e-3 per token, so the mistake would hide)."""
         if video_data:
             raise NotImplementedError("the hf_cpu rollout serves images only, not videos")
         if not image_data:
@@ -225,6 +225,13 @@ class HFCpuReplica(RolloutReplica):
         return False
 
     async def launch_servers(self):
+        if self.rollout_mode != RolloutMode.HYBRID:
+            # Standalone / colocated replicas get their weights through a checkpoint engine's receiving worker,
+            # which this backend has not: the server would silently keep its first weights.
+            raise NotImplementedError(
+                f"hf_cpu serves verl's hybrid (colocated, synchronous) mode only, not {self.rollout_mode}; use "
+                "trainer.v1.trainer_mode=sync, diva_grpo or toolkit"
+            )
         here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
         server = HFCpuServer.options(
             name=_server_actor_name(self.replica_rank),
