@@ -108,16 +108,12 @@ class ToolkitTrainer(PPOTrainerSync):
         fields = [*_VERL_FIELDS, *sorted(needs & TENSOR_NEEDS - set(_VERL_FIELDS))]
         if "extra_info" in needs:
             fields.append("extra_info")
-        if "reward_extra_info" in needs:
-            fields.append("extra_fields")
+        # The reward extras are always read: the step logs the accuracy of every method (diva-report plots it).
+        fields.append("extra_fields")
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         response_mask = data["response_mask"]
         extra_info = non_tensor_list(data.pop("extra_info")) if "extra_info" in needs else None
-        reward_extras = (
-            [self._reward_extras(fields) for fields in non_tensor_list(data.pop("extra_fields"))]
-            if "reward_extra_info" in needs
-            else None
-        )
+        reward_extras = [self._reward_extras(fields) for fields in non_tensor_list(data.pop("extra_fields"))]
         uids = np.array(non_tensor_list(data.pop("uid")), dtype=object)
 
         self._check_single_turn(batch.keys)
@@ -148,7 +144,7 @@ class ToolkitTrainer(PPOTrainerSync):
             index=uids[rows],
             tensors={name: self._response_field(data, name)[idx] for name in sorted(needs & TENSOR_NEEDS)},
             extra_info=[extra_info[i] for i in rows] if extra_info is not None else None,
-            reward_extra_info=[reward_extras[i] for i in rows] if reward_extras is not None else None,
+            reward_extra_info=[reward_extras[i] for i in rows] if "reward_extra_info" in needs else None,
             global_step=int(self.global_steps),
             total_steps=int(getattr(self, "total_training_steps", 0) or 0),
             tokenizer=getattr(self, "tokenizer", None),
@@ -178,6 +174,9 @@ class ToolkitTrainer(PPOTrainerSync):
 
         metrics.update(result.metrics)
         prefix = self.method.prefix
+        accuracy = [float(reward_extras[i]["acc"]) for i in rows if "acc" in reward_extras[i]]
+        if accuracy:
+            metrics[f"{prefix}/accuracy/mean"] = float(np.mean(accuracy))
         metrics[f"{prefix}/timing_s/advantage"] = t_adv - t0
         self._timing_after_advantage(metrics, t_after - t_adv)
         return batch

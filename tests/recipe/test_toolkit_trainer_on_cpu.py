@@ -147,7 +147,8 @@ def test_every_declared_input_reaches_the_method_and_its_advantages_reach_the_ac
     logged = read_metrics(tmp_path / "metrics.jsonl")
     assert [entry["step"] for entry in logged] == [1, 2, 3]
     for entry in logged:
-        for key in ("probe/collapse_rate", "probe/timing_s/advantage", "probe/blind_pass_ran", "probe/planner/seen"):
+        keys = ("probe/collapse_rate", "probe/timing_s/advantage", "probe/blind_pass_ran", "probe/planner/seen")
+        for key in (*keys, "probe/accuracy/mean"):
             assert key in entry["data"], key
 
     # The planner's state is saved with the checkpoint of step 2 and restored on resume.
