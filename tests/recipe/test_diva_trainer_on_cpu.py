@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import ray
 import torch
-import transfer_queue as tq
 from hydra import compose, initialize_config_dir
 
 import recipe.diva_grpo.trainer  # noqa: F401  (registers the trainer)
@@ -51,15 +50,6 @@ def compose_config(tmp_path, *overrides):
                 *overrides,
             ],
         )
-
-
-@pytest.fixture(scope="module")
-def ray_and_tq():
-    ray.init(num_cpus=16, include_dashboard=False, namespace="test_diva_trainer", log_to_driver=False)
-    tq.init()
-    yield
-    tq.close()
-    ray.shutdown()
 
 
 @pytest.fixture()

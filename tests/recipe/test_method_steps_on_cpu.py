@@ -9,9 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import ray
 import torch
-import transfer_queue as tq
 from toolkit_fixtures import compose_toolkit_config, read_metrics, real_rows, write_synth_data
 
 import recipe.diva_grpo.trainer  # noqa: F401  (registers the trainers)
@@ -34,15 +32,6 @@ from verl_ext.reward import compute_score
 
 PROMPTS = 4
 N = 3
-
-
-@pytest.fixture(scope="module")
-def ray_and_tq():
-    ray.init(num_cpus=16, include_dashboard=False, namespace="test_method_steps", log_to_driver=False)
-    tq.init()
-    yield
-    tq.close()
-    ray.shutdown()
 
 
 def add_visual_entropy(path) -> dict:

@@ -8,7 +8,6 @@ import os
 
 import numpy as np
 import pytest
-import ray
 import torch
 import transfer_queue as tq
 from tensordict import TensorDict
@@ -89,15 +88,6 @@ if "toolkit_probe" not in METHODS:
             pre_advantage=probe_blind_pass,
         )
     )
-
-
-@pytest.fixture(scope="module")
-def ray_and_tq():
-    ray.init(num_cpus=16, include_dashboard=False, namespace="test_toolkit_trainer", log_to_driver=False)
-    tq.init()
-    yield
-    tq.close()
-    ray.shutdown()
 
 
 def test_every_declared_input_reaches_the_method_and_its_advantages_reach_the_actor(ray_and_tq, tmp_path, monkeypatch):
