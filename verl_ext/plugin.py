@@ -27,15 +27,11 @@ def _diva_grpo_needs_the_diva_trainer(token_level_rewards, response_mask, index=
 if ADV_ESTIMATOR_REGISTRY.get(ADV_ESTIMATOR_NAME) is None:
     register_adv_est(ADV_ESTIMATOR_NAME)(_diva_grpo_needs_the_diva_trainer)
 
-# The toolkit's other methods register themselves on import. A plain ``import`` (not ``from ... import``): when
-# verl loads this plugin while ``verl_ext.methods`` itself is being imported, the partial module is fine here,
-# and its modules finish registering once that import completes.
-import verl_ext.methods  # noqa: E402,F401
-
 
 def _register_cpu_training() -> None:
     """verl_ext/cpu: the "cpu" platform (never auto-detected) and the "hf_cpu" rollout are only names in verl's
-    registries; the CPU patches apply only when this process runs with VERL_PLATFORM=cpu."""
+    registries; the CPU patches apply only when this process runs with VERL_PLATFORM=cpu. Done before the methods'
+    import below, so that nothing there can keep the CPU patches from applying (verl swallows plugin errors)."""
     from verl_ext import cpu
 
     cpu.register()
@@ -43,6 +39,11 @@ def _register_cpu_training() -> None:
 
 
 _register_cpu_training()
+
+# The toolkit's other methods register themselves on import. A plain ``import`` (not ``from ... import``): when
+# verl loads this plugin while ``verl_ext.methods`` itself is being imported, the partial module is fine here,
+# and its modules finish registering once that import completes.
+import verl_ext.methods  # noqa: E402,F401
 
 
 def check_registered() -> None:

@@ -95,10 +95,14 @@ def _read_metrics(config: DictConfig, experiment: str) -> list[dict]:
 
 def _checked(entry: dict) -> dict:
     data, step = entry["data"], entry["step"]
-    for key in ("actor/pg_loss", "actor/grad_norm"):
-        value = data.get(key)
-        if value is None or not math.isfinite(value) or value == 0.0:
-            raise CpuRunError(f"step {step}: {key}={value}; a real step has a finite, non-zero value")
+    grad, loss = data.get("actor/grad_norm"), data.get("actor/pg_loss")
+    if grad is None or not math.isfinite(grad) or grad == 0.0:
+        raise CpuRunError(f"step {step}: actor/grad_norm={grad}; a real step has a finite, non-zero gradient")
+    # One on-policy update of batch-normalised advantages: the token-mean loss is exactly 0 when every response
+    # has the same length, and non-zero otherwise.
+    lengths_vary = data.get("response_length/min") != data.get("response_length/max")
+    if loss is None or not math.isfinite(loss) or (lengths_vary and loss == 0.0):
+        raise CpuRunError(f"step {step}: actor/pg_loss={loss}; a real step has a finite loss, non-zero here")
     gap = data.get("rollout_corr/log_ppl_abs_diff")
     if gap is None or gap > LOGPROB_TOLERANCE:
         raise CpuRunError(
