@@ -234,3 +234,9 @@ def test_pgpo_three_steps_blind_pass_and_token_advantages(ray_and_tq, tmp_path, 
         assert data["pgpo/blind_pass_share"] == 1.0
         for key in ("timing_s/blind_log_prob", "pgpo/share_above_tau", "pgpo/weight_mean", "pgpo/collapse_rate"):
             assert key in data, key
+
+
+def test_pgpo_refuses_bypassed_old_log_probs(tmp_path):
+    cfg = compose_toolkit_config(tmp_path, "pgpo", "algorithm.rollout_correction.bypass_mode=true")
+    with pytest.raises(ValueError, match="bypass_mode"):
+        ToolkitTrainer(cfg)

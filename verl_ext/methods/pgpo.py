@@ -47,6 +47,16 @@ def compute(inputs: AdvantageInputs, config: PgpoConfig) -> AdvantageResult:
     return AdvantageResult(advantages, returns, metrics)
 
 
+def check_config(full_config, config: PgpoConfig) -> None:
+    correction = full_config.algorithm.get("rollout_correction", None)
+    if correction is not None and correction.get("bypass_mode", False):
+        raise ValueError(
+            "pgpo needs the sighted and blind log-probs from the same model: algorithm.rollout_correction.bypass_mode"
+            "=true makes the sighted ones the rollout server's while the blind pass runs the FSDP actor, and their "
+            "numeric mismatch would count as visual dependency. Leave bypass_mode false with pgpo."
+        )
+
+
 def blind_pass(trainer, batch, metrics, config):
     from verl_ext.pgpo import compute_blind_log_probs
 
@@ -65,6 +75,7 @@ METHOD = register_method(
         compute=compute,
         config_cls=PgpoConfig,
         needs=frozenset({"old_log_probs", "blind_log_probs"}),
+        check_config=check_config,
         pre_advantage=blind_pass,
         actor_workers=actor_workers,
     )
