@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl_ext.algos.checks import STAT_DTYPE, broadcast_over_mask, check_finite, check_rewards_and_mask
+from verl_ext.algos.checks import STAT_DTYPE, broadcast_over_mask, check_finite, check_rewards_and_mask, sequence_scores
 from verl_ext.algos.group_stats import dense_group_ids, group_count, group_mean, group_range, group_zscore
 
 MODES = ("paper", "released")
@@ -162,9 +162,7 @@ class _VirtualPlan:
 
 
 def _scores_and_groups(token_level_rewards: torch.Tensor, index: Any) -> tuple[torch.Tensor, torch.Tensor, int]:
-    # (B,) sequence scores: the only O(B*T) read of the rewards, summed in the input dtype as verl does.
-    scores = token_level_rewards.sum(dim=-1).to(STAT_DTYPE)
-    check_finite(scores, "token_level_rewards: every row sum must be finite")
+    scores = sequence_scores(token_level_rewards)
     group_of, num_groups = dense_group_ids(index, "index", scores.shape[0], scores.device)
     return scores, group_of, num_groups
 

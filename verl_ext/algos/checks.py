@@ -25,15 +25,50 @@ def check_rewards_and_mask(token_level_rewards: Any, response_mask: Any) -> None
         raise ValueError(f"token_level_rewards must be (B, T), got shape {tuple(token_level_rewards.shape)}")
     if not isinstance(response_mask, torch.Tensor):
         raise ValueError(f"response_mask must be a torch.Tensor, got {describe(response_mask)}")
-    if response_mask.shape != token_level_rewards.shape:
+    check_like_rewards(response_mask, "response_mask", token_level_rewards)
+
+
+def check_like_rewards(
+    value: torch.Tensor, name: str, token_level_rewards: torch.Tensor, *, same_device: bool = True
+) -> None:
+    """``ValueError`` naming ``name`` unless the tensor ``value`` has ``token_level_rewards``' ``(B, T)`` shape
+    and (``same_device``) its device."""
+    if value.shape != token_level_rewards.shape:
         raise ValueError(
-            f"response_mask has shape {tuple(response_mask.shape)} but token_level_rewards has "
+            f"{name} has shape {tuple(value.shape)} but token_level_rewards has "
             f"{tuple(token_level_rewards.shape)}; they must match"
         )
-    if response_mask.device != token_level_rewards.device:
-        raise ValueError(
-            f"response_mask is on {response_mask.device} but token_level_rewards on {token_level_rewards.device}"
-        )
+    if same_device and value.device != token_level_rewards.device:
+        raise ValueError(f"{name} is on {value.device} but token_level_rewards on {token_level_rewards.device}")
+
+
+def check_log_probs(
+    old_log_probs: Any,
+    token_level_rewards: torch.Tensor,
+    why_required: str,
+    name: str = "old_log_probs",
+    *,
+    same_device: bool = True,
+) -> None:
+    """``ValueError`` naming ``name`` unless ``old_log_probs`` is a floating-point ``(B, T)`` tensor shaped like
+    ``token_level_rewards`` (and, ``same_device``, on its device). ``why_required`` follows "``name`` is required"
+    in the message for ``None``: what the method reads them for and where the trainer gets them."""
+    if old_log_probs is None:
+        raise ValueError(f"{name} is required{why_required}")
+    if not isinstance(old_log_probs, torch.Tensor) or not old_log_probs.is_floating_point():
+        raise ValueError(f"{name} must be a floating-point torch.Tensor, got {describe(old_log_probs)}")
+    check_like_rewards(old_log_probs, name, token_level_rewards, same_device=same_device)
+
+
+def sequence_scores(token_level_rewards: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` float64 sequence scores ``s_i = sum_t token_level_rewards[i, t]``, checked finite.
+
+    The only O(B*T) read of the rewards, summed in the input dtype as verl does (a ``dtype=`` argument would cast
+    the whole ``(B, T)`` tensor first); a non-finite reward makes its row sum non-finite.
+    """
+    scores = token_level_rewards.sum(dim=-1).to(STAT_DTYPE)
+    check_finite(scores, "token_level_rewards: every row sum must be finite")
+    return scores
 
 
 def broadcast_over_mask(per_response: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -30,9 +30,10 @@ from verl_ext.algos.checks import (
     STAT_DTYPE,
     broadcast_over_mask,
     check_finite,
+    check_log_probs,
     check_rewards_and_mask,
-    describe,
     per_response_tensor,
+    sequence_scores,
 )
 from verl_ext.algos.group_stats import dense_group_ids, group_count, group_mean, group_range, group_zscore
 
@@ -71,7 +72,12 @@ def compute_codapo_advantage(
             a missing id, or a bad knob.
     """
     check_rewards_and_mask(token_level_rewards, response_mask)
-    _check_log_probs(old_log_probs, token_level_rewards)
+    check_log_probs(
+        old_log_probs,
+        token_level_rewards,
+        ": the (B, T) log-probs of the rollout policy (verl's old_log_probs); "
+        "run the method through the toolkit trainer, which reads them from TransferQueue",
+    )
     for name, value in (("weight_offset", weight_offset), ("epsilon", epsilon)):
         if not isinstance(value, (int, float)) or not math.isfinite(value):
             raise ValueError(f"{name} must be a finite number, got {value!r}")
@@ -79,9 +85,7 @@ def compute_codapo_advantage(
     device = token_level_rewards.device
     out_dtype = token_level_rewards.dtype
 
-    # (B,) sequence scores, summed in the input dtype as verl does; a non-finite reward makes its row non-finite.
-    scores = token_level_rewards.sum(dim=-1).to(STAT_DTYPE)
-    check_finite(scores, "token_level_rewards: every row sum must be finite")
+    scores = sequence_scores(token_level_rewards)
     group_of, num_groups = dense_group_ids(index, "index", batch_size, device)
     if correct is None:
         correct_values = (scores == 1.0).to(STAT_DTYPE)
@@ -113,25 +117,6 @@ def compute_codapo_advantage(
     else:
         advantages = broadcast_over_mask(per_response, response_mask)
     return advantages, advantages, weight[group_of].to(out_dtype)
-
-
-def _check_log_probs(old_log_probs: Any, token_level_rewards: torch.Tensor) -> None:
-    if old_log_probs is None:
-        raise ValueError(
-            "old_log_probs is required: the (B, T) log-probs of the rollout policy (verl's old_log_probs); "
-            "run the method through the toolkit trainer, which reads them from TransferQueue"
-        )
-    if not isinstance(old_log_probs, torch.Tensor) or not old_log_probs.is_floating_point():
-        raise ValueError(f"old_log_probs must be a floating-point torch.Tensor, got {describe(old_log_probs)}")
-    if old_log_probs.shape != token_level_rewards.shape:
-        raise ValueError(
-            f"old_log_probs has shape {tuple(old_log_probs.shape)} but token_level_rewards has "
-            f"{tuple(token_level_rewards.shape)}; they must match"
-        )
-    if old_log_probs.device != token_level_rewards.device:
-        raise ValueError(
-            f"old_log_probs is on {old_log_probs.device} but token_level_rewards on {token_level_rewards.device}"
-        )
 
 
 def _check_zero_one(correct: torch.Tensor) -> None:

@@ -42,6 +42,7 @@ from verl_ext.algos.checks import (
     check_finite,
     check_rewards_and_mask,
     per_response_tensor,
+    sequence_scores,
 )
 from verl_ext.algos.group_stats import (
     batch_standardize,
@@ -100,10 +101,7 @@ def compute_diva_advantage(
     batch_size = token_level_rewards.shape[0]
     device = token_level_rewards.device
 
-    # (B,) sequence scores: the only O(B*T) read of the rewards. A non-finite reward makes its row sum non-finite.
-    # Summed in the input dtype as verl does (a dtype= argument would cast the whole (B, T) tensor first).
-    scores = token_level_rewards.sum(dim=-1).to(STAT_DTYPE)
-    check_finite(scores, "token_level_rewards: every row sum must be finite")
+    scores = sequence_scores(token_level_rewards)
     d = per_response_tensor(difficulty, "difficulty", batch_size, device)
 
     prompt_of, num_prompts = dense_group_ids(prompt_index, "prompt_index", batch_size, device)

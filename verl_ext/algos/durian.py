@@ -45,8 +45,9 @@ from verl_ext.algos.checks import (
     STAT_DTYPE,
     broadcast_over_mask,
     check_finite,
+    check_log_probs,
     check_rewards_and_mask,
-    describe,
+    sequence_scores,
 )
 from verl_ext.algos.collapse import advantage_collapse_rate
 from verl_ext.algos.group_stats import dense_group_ids, group_count, group_mean, group_range, group_zscore
@@ -99,9 +100,7 @@ def compute_durian_advantage(
     device = token_level_rewards.device
     out_dtype = token_level_rewards.dtype
 
-    # (B,) sequence scores, summed in the input dtype as verl does; a non-finite reward makes its row sum non-finite.
-    scores = token_level_rewards.sum(dim=-1).to(STAT_DTYPE)
-    check_finite(scores, "token_level_rewards: every row sum must be finite")
+    scores = sequence_scores(token_level_rewards)
     prompt_of, num_prompts = dense_group_ids(index, "index", batch_size, device)
     entropy = _prompt_entropy(visual_entropy, index, prompt_of, num_prompts) if alpha_percep != 0 else None
 
@@ -269,8 +268,7 @@ def durian_metrics(
     check_rewards_and_mask(token_level_rewards, response_mask)
     batch_size = token_level_rewards.shape[0]
     device = token_level_rewards.device
-    scores = token_level_rewards.sum(dim=-1).to(STAT_DTYPE)
-    check_finite(scores, "token_level_rewards: every row sum must be finite")
+    scores = sequence_scores(token_level_rewards)
     prompt_of, num_prompts = dense_group_ids(index, "index", batch_size, device)
     metrics: dict[str, float] = {}
     if batch_size == 0:
@@ -339,20 +337,15 @@ def _check_buckets_and_epsilon(reason_buckets, epsilon) -> None:
 
 
 def _check_log_probs(old_log_probs: Any, token_level_rewards: torch.Tensor) -> torch.Tensor:
-    if old_log_probs is None:
-        raise ValueError(
-            "old_log_probs is required (alpha_reason != 0): Durian's confidence buckets read the rollout policy's "
-            "token log-probs; the trainer must request 'old_log_probs' from TransferQueue"
-        )
     if isinstance(old_log_probs, np.ndarray):
         old_log_probs = torch.from_numpy(old_log_probs)
-    if not isinstance(old_log_probs, torch.Tensor) or not old_log_probs.is_floating_point():
-        raise ValueError(f"old_log_probs must be a floating-point torch.Tensor, got {describe(old_log_probs)}")
-    if old_log_probs.shape != token_level_rewards.shape:
-        raise ValueError(
-            f"old_log_probs has shape {tuple(old_log_probs.shape)} but token_level_rewards has "
-            f"{tuple(token_level_rewards.shape)}; they must match"
-        )
+    check_log_probs(
+        old_log_probs,
+        token_level_rewards,
+        " (alpha_reason != 0): Durian's confidence buckets read the rollout policy's "
+        "token log-probs; the trainer must request 'old_log_probs' from TransferQueue",
+        same_device=False,
+    )
     return old_log_probs.to(token_level_rewards.device)
 
 

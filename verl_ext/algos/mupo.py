@@ -37,6 +37,7 @@ from verl_ext.algos.checks import (
     check_rewards_and_mask,
     describe,
     per_response_tensor,
+    sequence_scores,
 )
 from verl_ext.algos.collapse import advantage_collapse_rate
 from verl_ext.algos.group_stats import dense_group_ids, group_range, group_zscore
@@ -172,9 +173,7 @@ def compute_mupo_advantage(
     _check_finite_number(epsilon, "epsilon", minimum=0.0)
     batch_size = token_level_rewards.shape[0]
     device = token_level_rewards.device
-    # The only O(B*T) read of the rewards, summed in the input dtype as verl does.
-    scores = token_level_rewards.sum(dim=-1).to(STAT_DTYPE)
-    check_finite(scores, "token_level_rewards: every row sum must be finite")
+    scores = sequence_scores(token_level_rewards)
 
     prompt_of, num_prompts = dense_group_ids(index, "index", batch_size, device)
     pair_of, pair_prompt, num_pairs = _pairs(prompt_of, partition, batch_size)
