@@ -1,16 +1,18 @@
 """Typed view of the recipe's ``mupo:`` config block (knobs, defaults and one-line reasons in the README).
 
 Plain :class:`verl.base_config.BaseConfig` dataclasses, so the toolkit's ``verl_ext.config.config_block`` builds
-them from a ``DictConfig`` or dict (unknown keys refused); :func:`mupo_config_from` does the same on its own.
+them from a ``DictConfig`` or dict (unknown keys refused); :func:`mupo_config_from` is that call for ``mupo:``.
 :func:`check_rollout_n` is the start-up check.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from verl.base_config import BaseConfig
+
+from verl_ext.config import config_block
 
 
 @dataclass
@@ -80,29 +82,6 @@ def check_rollout_n(rollout_n: int, config: MupoConfig) -> None:
 
 def mupo_config_from(values: Any = None) -> MupoConfig:
     """A :class:`MupoConfig` from the ``mupo:`` block (``DictConfig``, dict, ``MupoConfig`` or ``None`` for the
-    defaults); an unknown key raises ``ValueError`` naming it."""
-    if values is None:
-        return MupoConfig()
-    if isinstance(values, MupoConfig):
-        return values
-    from omegaconf import DictConfig, OmegaConf
-
-    if isinstance(values, DictConfig):
-        values = OmegaConf.to_container(values, resolve=True)
-    if not hasattr(values, "items"):
-        raise ValueError(f"config 'mupo' must be a mapping, got {type(values).__name__}")
-    values = _known_keys(MupoConfig, values, "mupo")
-    embedding = _known_keys(EmbeddingConfig, values.pop("embedding", None) or {}, "mupo.embedding")
-    return MupoConfig(**values, embedding=EmbeddingConfig(**embedding))
-
-
-def _known_keys(cls: type, values: Any, path: str) -> dict:
-    """``values`` as a dict without private keys (``_target_``); ``ValueError`` for a key ``cls`` lacks."""
-    if not hasattr(values, "items"):
-        raise ValueError(f"config '{path}' must be a mapping, got {type(values).__name__}")
-    values = {name: value for name, value in values.items() if not str(name).startswith("_")}
-    known = {f.name for f in fields(cls) if not f.name.startswith("_")}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"unknown key(s) {unknown} under '{path}'; valid keys: {sorted(known)}")
-    return values
+    defaults), built as the toolkit trainer builds it (:func:`verl_ext.config.config_block`); an unknown key
+    raises ``ValueError`` naming it with its path (``mupo.embedding.url``)."""
+    return config_block(MupoConfig, values, "mupo")
