@@ -26,6 +26,15 @@ class Embedder(Protocol):
     def close(self) -> None: ...
 
 
+def checked_texts(texts: Sequence[str]) -> list[str]:
+    """``texts`` as a list, the model backends' input check: ``ValueError`` naming the first that is not a str."""
+    texts = list(texts)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise ValueError(f"texts[{i}] must be a str, got {type(text).__name__}")
+    return texts
+
+
 # One backend per distinct embedding config in this process: the endpoint client keeps its connection pool and
 # the local model stays loaded across steps.
 _SHARED: dict[tuple, Embedder] = {}

@@ -27,6 +27,7 @@ import numpy as np
 import openai
 
 from data_prep.llm_client import FATAL_ERRORS, PLACEHOLDER_API_KEY, RETRYABLE_ERRORS, RetryPolicy
+from verl_ext.mupo.embedder import checked_texts
 from verl_ext.mupo.errors import EmbeddingEndpointRefused, EmbeddingError
 
 logger = logging.getLogger(__name__)
@@ -91,10 +92,7 @@ class OpenAIEmbedder:
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """``(len(texts), D) float32`` embeddings, row ``i`` for ``texts[i]``; raises :class:`EmbeddingError`."""
-        texts = list(texts)
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise ValueError(f"texts[{i}] must be a str, got {type(text).__name__}")
+        texts = checked_texts(texts)
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
         # OpenAI's API refuses an empty input string; an empty response is embedded as one space.

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from verl_ext.mupo.embedder import checked_texts
 from verl_ext.mupo.errors import EmbeddingError
 
 
@@ -40,10 +41,7 @@ class SentenceTransformerEmbedder:
         return f"local sentence-transformers model {self.model} on {self._model.device}"
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        texts = list(texts)
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise ValueError(f"texts[{i}] must be a str, got {type(text).__name__}")
+        texts = checked_texts(texts)
         if not texts:
             return np.zeros((0, 0), dtype=np.float32)
         vectors = self._model.encode(texts, batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False)
