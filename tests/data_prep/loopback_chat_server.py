@@ -1,9 +1,9 @@
 """A real HTTP server on 127.0.0.1 speaking ``POST /v1/chat/completions``, with scripted replies per question.
 
-It runs aiohttp in its own thread and event loop, so the code under test talks to it through a real socket with
-the real ``openai`` client. Each request is recorded as ``(question, task, outcome)``; ``task`` is "paraphrases" or
-"hint" (recognised from the system prompt), ``question`` is the question text found in the user message.
-Scripted replies (a list per ``(question, task)``) are used first, then a correct default reply.
+It runs aiohttp in its own thread and event loop (``tests/loopback_http.py``), so the code under test talks to it
+through a real socket with the real ``openai`` client. Each request is recorded as ``(question, task, outcome)``;
+``task`` is "paraphrases" or "hint" (recognised from the system prompt), ``question`` is the question text found in
+the user message. Scripted replies (a list per ``(question, task)``) are used first, then a correct default reply.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass, field
 
 from aiohttp import web
+from loopback_http import LoopbackHttpServer, scripted_error
 
 
 @dataclass
@@ -46,8 +47,11 @@ def parse_request(body: dict) -> tuple[str, str, int]:
     return question, task, wanted
 
 
-class LoopbackChatServer:
+class LoopbackChatServer(LoopbackHttpServer):
+    route = "/v1/chat/completions"
+
     def __init__(self, answers: dict[str, str], scripts: dict | None = None, latency: float = 0.0):
+        super().__init__()
         self.answers = answers  # question -> ground truth, for the default hint reply
         self.scripts = {key: list(replies) for key, replies in (scripts or {}).items()}
         self.latency = latency
@@ -59,14 +63,6 @@ class LoopbackChatServer:
         self._admitted = 0
         self.released = threading.Event()
         self._lock = threading.RLock()
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
 
     def answered(self) -> list[tuple[str, str]]:
         with self._lock:
@@ -96,8 +92,7 @@ class LoopbackChatServer:
         with self._lock:
             self.records.append((question, task, str(reply.status)))
         if reply.status != 200:
-            error = {"error": {"message": f"scripted {reply.status}", "type": "scripted", "code": reply.status}}
-            return web.json_response(error, status=reply.status, headers=reply.headers)
+            return scripted_error(reply.status, reply.headers)
         content = reply.content
         if content is None:
             content = good_paraphrases(question, wanted) if task == "paraphrases" else good_hint(self.answers[question])
@@ -118,25 +113,6 @@ class LoopbackChatServer:
             }
         )
 
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/chat/completions", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        self._loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
-
-    def __enter__(self) -> LoopbackChatServer:
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
     def __exit__(self, *exc) -> None:
-        self.released.set()
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        self.released.set()  # held requests answer 503 before the server stops
+        super().__exit__(*exc)

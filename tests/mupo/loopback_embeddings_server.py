@@ -1,11 +1,12 @@
 """A real HTTP server on 127.0.0.1 speaking ``POST /v1/embeddings``, with scripted failures per request.
 
-It runs aiohttp in its own thread and event loop, so the client under test talks to it through a real socket with
-the real ``openai`` client (like ``tests/data_prep/loopback_chat_server.py``). Each text's embedding is a fixed
-function of the text (:func:`fake_embedding`), so a test can check every row of the result. Each request is
-recorded as ``(inputs, outcome)``; scripted replies (a list per request's first input text) are used first, then
-a correct answer. ``outcome`` is the HTTP status, or ``"slow"`` for a scripted delay (the client times out and
-never reads that answer, so it does not count as answered).
+It runs aiohttp in its own thread and event loop (``tests/loopback_http.py``, as
+``tests/data_prep/loopback_chat_server.py`` does), so the client under test talks to it through a real socket with
+the real ``openai`` client. Each text's embedding is a fixed function of the text (:func:`fake_embedding`), so a
+test can check every row of the result. Each request is recorded as ``(inputs, outcome)``; scripted replies (a list
+per request's first input text) are used first, then a correct answer. ``outcome`` is the HTTP status, or
+``"slow"`` for a scripted delay (the client times out and never reads that answer, so it does not count as
+answered).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from aiohttp import web
+from loopback_http import LoopbackHttpServer, scripted_error
 
 DIM = 16
 
@@ -37,8 +39,11 @@ class Reply:
     drop_one: bool = False  # answer one embedding too few (a malformed answer)
 
 
-class LoopbackEmbeddingsServer:
+class LoopbackEmbeddingsServer(LoopbackHttpServer):
+    route = "/v1/embeddings"
+
     def __init__(self, scripts: dict | None = None, *, floats: bool = False, shuffle: bool = True, dim: int = DIM):
+        super().__init__()
         self.scripts = {key: list(replies) for key, replies in (scripts or {}).items()}
         self.floats = floats  # answer float lists whatever encoding_format asks (servers that ignore it)
         self.shuffle = shuffle  # answer the items out of order: the client must place them by index
@@ -48,14 +53,6 @@ class LoopbackEmbeddingsServer:
         self.auth_headers: list[str] = []
         self.models: list[str] = []
         self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self.port = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
 
     def answered(self) -> list[tuple[str, ...]]:
         with self._lock:
@@ -85,8 +82,7 @@ class LoopbackEmbeddingsServer:
         with self._lock:
             self.records.append((tuple(inputs), str(reply.status)))
         if reply.status != 200:
-            error = {"error": {"message": f"scripted {reply.status}", "type": "scripted", "code": reply.status}}
-            return web.json_response(error, status=reply.status, headers=reply.headers)
+            return scripted_error(reply.status, reply.headers)
         as_base64 = body.get("encoding_format") == "base64" and not self.floats
         items = []
         for i, text in enumerate(inputs[:-1] if reply.drop_one else inputs):
@@ -103,25 +99,3 @@ class LoopbackEmbeddingsServer:
                 "usage": {"prompt_tokens": 3 * len(inputs), "total_tokens": 3 * len(inputs)},
             }
         )
-
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_post("/v1/embeddings", self._handle)
-        self._runner = web.AppRunner(app, access_log=None)
-        self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        self._loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]
-        self._ready.set()
-        self._loop.run_forever()
-
-    def __enter__(self) -> LoopbackEmbeddingsServer:
-        self._thread.start()
-        self._ready.wait(10)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
