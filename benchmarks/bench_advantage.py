@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 import uuid
 
 import numpy as np
 import torch
+from timing import time_round_robin
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 
 from verl_ext.algos import compute_diva_advantage
@@ -51,19 +50,6 @@ def make_batch(questions: int, prompts_per_question: int, rollouts: int, tokens:
     rewards = torch.zeros(batch, tokens, dtype=torch.float32)
     rewards[torch.arange(batch), lengths - 1] = 0.9 * correct + 0.1 * formatted
     return rewards, mask, uid, question_id, difficulty
-
-
-def time_round_robin(candidates: dict, rounds: int) -> dict[str, float]:
-    """Median milliseconds per candidate; one call of each per round so drift hits all alike."""
-    for fn in candidates.values():
-        fn()  # warm-up
-    samples = {name: [] for name in candidates}
-    for _ in range(rounds):
-        for name, fn in candidates.items():
-            start = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - start)
-    return {name: 1e3 * statistics.median(values) for name, values in samples.items()}
 
 
 def measure(rewards, mask, uid, question_id, difficulty, rounds: int) -> dict[str, float]:

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from timing import time_round_robin
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 
 from verl_ext.algos import avspo_collapse_rates, compute_avspo_advantage, compute_codapo_advantage
@@ -112,19 +111,6 @@ CASES: list[Case] = [
 BASELINES = ("grpo", "grpo_vectorized")
 
 
-def time_round_robin(candidates: dict[str, Callable[[], Any]], rounds: int) -> dict[str, float]:
-    """Median milliseconds per candidate; one call of each per round so drift hits all alike."""
-    for fn in candidates.values():
-        fn()  # warm-up (and builds the lazy inputs outside the timings)
-    samples = {name: [] for name in candidates}
-    for _ in range(rounds):
-        for name, fn in candidates.items():
-            start = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - start)
-    return {name: 1e3 * statistics.median(values) for name, values in samples.items()}
-
-
 def time_mupo_partition(quick: bool, rounds: int) -> dict[str, Any]:
     """MUPO's partition (per-prompt size-constrained k-means, k 3, min_size 3) plus diversity for 64 prompts x 15
     rollouts (8 prompts with ``quick``) of 1,024-dimension embeddings, three reasoning modes per prompt plus noise;
@@ -140,13 +126,7 @@ def time_mupo_partition(quick: bool, rounds: int) -> dict[str, Any]:
     def step():
         mupo_diversity(embeddings, uid, mupo_partition(embeddings, uid, k=3, min_size=3))
 
-    step()
-    samples = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        step()
-        samples.append(time.perf_counter() - start)
-    seconds = statistics.median(samples)
+    seconds = time_round_robin({"step": step}, rounds)["step"] / 1e3
     return {
         "prompts": prompts,
         "rollouts": rollouts,
