@@ -40,17 +40,36 @@ def _register_cpu_training() -> None:
 
 _register_cpu_training()
 
-# The toolkit's other methods register themselves on import. A plain ``import`` (not ``from ... import``): when
-# verl loads this plugin while ``verl_ext.methods`` itself is being imported, the partial module is fine here,
-# and its modules finish registering once that import completes.
-import verl_ext.methods  # noqa: E402,F401
+# The toolkit's other methods (verl_ext/methods/<name>.py), registered with verl here by name, without importing
+# their modules: verl loads this plugin while it is itself being imported, which may happen midway through the
+# import of one of our modules (verl_ext.config subclasses verl's BaseConfig); importing the methods from here then
+# would find that module half-built, and verl would hide the failure. The registered function imports the method
+# on its first call and runs its verl estimator (AVSPO) or its refusal naming the toolkit trainer.
+TOOLKIT_METHODS = ("avspo", "codapo", "durian", "pgpo", "mupo")
+
+
+def _by_name(name: str):
+    def estimator(*args, **kwargs):
+        from verl_ext.methods import get_method
+        from verl_ext.methods.base import verl_estimator
+
+        return verl_estimator(get_method(name))(*args, **kwargs)
+
+    estimator.__name__ = f"{name}_estimator"
+    return estimator
+
+
+for _name in TOOLKIT_METHODS:
+    if ADV_ESTIMATOR_REGISTRY.get(_name) is None:
+        register_adv_est(_name)(_by_name(_name))
 
 
 def check_registered() -> None:
     """Raise ``RuntimeError`` if ``diva_grpo`` or another toolkit method is missing from verl's registry."""
     from verl_ext.methods import METHODS
 
-    missing = sorted(name for name in {ADV_ESTIMATOR_NAME, *METHODS} if name not in ADV_ESTIMATOR_REGISTRY)
+    names = {ADV_ESTIMATOR_NAME, *TOOLKIT_METHODS, *METHODS}
+    missing = sorted(name for name in names if name not in ADV_ESTIMATOR_REGISTRY)
     if missing:
         raise RuntimeError(
             f"advantage estimator(s) {missing} are not registered with verl. Is this package installed "

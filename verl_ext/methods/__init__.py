@@ -1,10 +1,13 @@
 """The toolkit's advantage methods, one module each, registered on import (see :mod:`verl_ext.methods.base`).
 
-``verl_ext.plugin`` imports this package in every process, so ``algorithm.adv_estimator=<name>`` resolves in
-verl's registry and :func:`get_method` finds the toolkit's description of the method.
+``verl_ext.plugin`` registers every name of :data:`verl_ext.plugin.TOOLKIT_METHODS` with verl in every process
+(without importing these modules); importing this package imports each method's module, so that
+:func:`get_method` finds the toolkit's description of the method.
 """
 
-from verl_ext.methods import avspo, codapo, diva, durian, mupo, pgpo  # noqa: F401  (each registers itself)
+import importlib
+
+from verl_ext.methods import diva  # noqa: F401  (registers diva_grpo)
 from verl_ext.methods.base import (
     METHODS,
     AdvantageInputs,
@@ -13,5 +16,9 @@ from verl_ext.methods.base import (
     get_method,
     register_method,
 )
+from verl_ext.plugin import TOOLKIT_METHODS
+
+for _name in TOOLKIT_METHODS:
+    importlib.import_module(f"verl_ext.methods.{_name}")
 
 __all__ = ["METHODS", "AdvantageInputs", "AdvantageMethod", "AdvantageResult", "get_method", "register_method"]

@@ -207,9 +207,16 @@ def register_method(method: AdvantageMethod) -> AdvantageMethod:
     if known is not None and known is not method:
         raise ValueError(f"advantage method {method.name!r} is already registered")
     METHODS[method.name] = method
+    # verl_ext.plugin registers the toolkit's own methods by name; a method added elsewhere registers here.
     if ADV_ESTIMATOR_REGISTRY.get(method.name) is None:
-        register_adv_est(method.name)(method.plain_estimator or _refusal(method))
+        register_adv_est(method.name)(verl_estimator(method))
     return method
+
+
+def verl_estimator(method: AdvantageMethod) -> Callable:
+    """What ``algorithm.adv_estimator=<name>`` runs in verl's plain dispatcher: the method's verl estimator when
+    it needs only ``uid`` (AVSPO), otherwise a refusal naming the trainer that feeds it."""
+    return method.plain_estimator or _refusal(method)
 
 
 def get_method(name: str) -> AdvantageMethod:
