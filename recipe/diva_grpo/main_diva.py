@@ -28,13 +28,19 @@ from verl_ext.cpu.session import format_summary, pop_cpu_run_block, train_then_r
 
 @ray.remote(num_cpus=1)
 class DivaTaskRunner(TaskRunnerV1.__ray_actor_class__):
-    """verl's V1 task runner, with ``trainer_mode=diva_grpo`` registered in the runner's process."""
+    """verl's V1 task runner, with the toolkit's trainers (``trainer_mode=diva_grpo`` and ``toolkit``) registered in
+    the runner's process."""
 
     def run(self, config: DictConfig):
         import recipe.diva_grpo.trainer  # noqa: F401  (registers "diva_grpo" with verl's trainer registry)
         from verl_ext.plugin import check_registered
 
         check_registered()
+        # verl's file logger opens VERL_FILE_LOGGER_PATH without creating its folder; on a cluster node the
+        # launcher's pre-launch check (which creates it on the submitting machine) may not have run.
+        metrics_log = os.environ.get("VERL_FILE_LOGGER_PATH")
+        if metrics_log:
+            os.makedirs(os.path.dirname(os.path.abspath(metrics_log)), exist_ok=True)
         probe_dir = os.environ.get(PROBE_ENV)
         if probe_dir:
             install_probe(config.trainer.v1.trainer_mode, probe_dir)

@@ -39,7 +39,15 @@ def prepare(workdir: str) -> dict:
     }
     build_tiny_qwen2_vl(paths["model"])
     if not os.path.exists(paths["train"]):
-        synth(paths["train"], TRAIN_QUESTIONS, seed=0, split="train")
+        raw = os.path.join(workdir, "synth_train_raw.parquet")
+        synth(raw, TRAIN_QUESTIONS, seed=0, split="train")
+        # Durian reads extra_info.visual_entropy: computed by `diva-prep entropy` with the tiny model's vision tower,
+        # as a user computes it with the policy's (the other methods ignore the field).
+        from pathlib import Path
+
+        from data_prep.entropy import EntropyOptions, run_entropy
+
+        run_entropy(raw, paths["train"], EntropyOptions(model=Path(paths["model"]), device="cpu", progress=False))
     if not os.path.exists(paths["val"]):
         synth(paths["val"], VAL_QUESTIONS, seed=1, split="test")
     return paths
@@ -71,7 +79,12 @@ def method_overrides(method: str, questions: int, rollout_n: int) -> list[str]:
             f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
             f"actor_rollout_ref.rollout.n={rollout_n}",
         ]
+    # MUPO on a CPU: no embedding model is served (hashed trigrams), and k groups of min_size in 2n responses.
+    extra = (
+        ["mupo.embedding.backend=hashing", f"mupo.min_size={max(1, (2 * rollout_n) // 3)}"] if method == "mupo" else []
+    )
     return [
+        *extra,
         f"algorithm.adv_estimator={estimator}",
         f"trainer.v1.trainer_mode={trainer_mode}",
         "data.custom_cls.path=null",
