@@ -19,11 +19,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import numpy as np
 import torch
+from timing import time_round_robin
 from verl.utils import tensordict_utils as tu
 
 from verl_ext.pgpo import blind_inputs, blind_log_prob_pass
@@ -71,16 +70,7 @@ def main() -> None:
     def view_only():
         return blind_inputs(data, VISUAL)
 
-    candidates = {"sighted": sighted, "blind": blind, "blind_view_only": view_only}
-    for fn in candidates.values():
-        fn()
-    samples = {name: [] for name in candidates}
-    for _ in range(rounds):
-        for name, fn in candidates.items():
-            start = time.perf_counter()
-            fn()
-            samples[name].append(time.perf_counter() - start)
-    ms = {name: 1e3 * statistics.median(values) for name, values in samples.items()}
+    ms = time_round_robin({"sighted": sighted, "blind": blind, "blind_view_only": view_only}, rounds)
 
     tokens = sum(int(p["input_ids"].numel()) for p in pieces)
     visual = sum(int((p["input_ids"] == IMAGE_TOKEN_ID).sum()) for p in pieces)
