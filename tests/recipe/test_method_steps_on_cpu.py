@@ -240,3 +240,12 @@ def test_pgpo_refuses_bypassed_old_log_probs(tmp_path):
     cfg = compose_toolkit_config(tmp_path, "pgpo", "algorithm.rollout_correction.bypass_mode=true")
     with pytest.raises(ValueError, match="bypass_mode"):
         ToolkitTrainer(cfg)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [("+trainer.v1.sync.parameter_sync_step=2", "parameter_sync_step"), ("data.gen_batch_size=2", "gen_batch_size")],
+)
+def test_codapo_resampling_refuses_batches_it_cannot_plan_whole(tmp_path, override, message):
+    with pytest.raises(ValueError, match=message):
+        ToolkitTrainer(compose_toolkit_config(tmp_path, "codapo", override))

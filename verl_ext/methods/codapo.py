@@ -92,6 +92,13 @@ class CodapoPlanner:
 def check_config(full_config, config: CodapoConfig) -> None:
     if not config.resample:
         return
+    sync_step = full_config.trainer.v1.get("sync", {}).get("parameter_sync_step", 1)
+    if sync_step != 1:
+        raise ValueError(
+            f"codapo.resample=true selects each batch's questions from one advantage computation, but "
+            f"trainer.v1.sync.parameter_sync_step={sync_step} computes several per batch: keep it 1 (or set "
+            "codapo.resample=false)"
+        )
     gen = full_config.data.get("gen_batch_size", None)
     if gen is not None and gen != full_config.data.train_batch_size:
         raise ValueError(
