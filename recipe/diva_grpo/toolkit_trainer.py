@@ -243,19 +243,24 @@ class ToolkitTrainer(PPOTrainerSync):
     def _planner_state_path(self, step_folder: str) -> str:
         return os.path.join(step_folder, f"{self.method.name}_planner.json")
 
+    def _step_folder(self) -> str:
+        """Absolute ``<default_local_dir>/global_step_N`` of the current step (where verl saves it). Absolute: a Ray
+        actor that writes into it (DIVA's difficulty service) need not share this process's working directory."""
+        return os.path.abspath(os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}"))
+
+    def _checkpoint_folder(self) -> str:
+        """Absolute step folder verl resumed from (``resume_from_path``, or the latest under ``default_local_dir``)."""
+        if self.config.trainer.resume_mode == "resume_path":
+            return os.path.abspath(self.config.trainer.resume_from_path)
+        return self._step_folder()
+
     def _save_checkpoint(self):
         # Before verl's save, which ends by marking the step folder as the latest checkpoint.
         if self.batch_planner is not None:
             from verl_ext.difficulty.persistence import save_state
 
-            folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-            save_state(self.batch_planner.state_dict(), self._planner_state_path(os.path.abspath(folder)))
+            save_state(self.batch_planner.state_dict(), self._planner_state_path(self._step_folder()))
         super()._save_checkpoint()
-
-    def _checkpoint_folder(self) -> str:
-        if self.config.trainer.resume_mode == "resume_path":
-            return os.path.abspath(self.config.trainer.resume_from_path)
-        return os.path.abspath(os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}"))
 
     def _load_checkpoint(self):
         super()._load_checkpoint()

@@ -129,23 +129,16 @@ class DivaTrainer(ToolkitTrainer):
     def _load_checkpoint(self):
         super()._load_checkpoint()
         if self.global_steps > 0:
-            if self.config.trainer.resume_mode == "resume_path":
-                folder = self.config.trainer.resume_from_path
-            else:
-                folder = os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-            self.difficulty.load(os.path.abspath(folder))
+            folder = self._checkpoint_folder()
+            self.difficulty.load(folder)
             logger.info("DIVA difficulty state restored from %s", folder)
 
     def _save_checkpoint(self):
         # Before verl's save, which ends by marking the step folder as the latest checkpoint: a crash in between
-        # must not leave a "latest" checkpoint without its difficulty state. Absolute path: the service actor's
-        # working directory need not be this process's.
-        folder = os.path.abspath(
-            os.path.join(self.config.trainer.default_local_dir, f"global_step_{self.global_steps}")
-        )
+        # must not leave a "latest" checkpoint without its difficulty state.
         # The state saved must include this step's update: wait for it first.
         self._finish_difficulty_update()
-        self.difficulty.save(folder)
+        self.difficulty.save(self._step_folder())
         super()._save_checkpoint()
 
     # ------------------------------------------------------------------ step
