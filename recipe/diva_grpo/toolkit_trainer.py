@@ -268,5 +268,11 @@ class ToolkitTrainer(PPOTrainerSync):
             from verl_ext.difficulty.persistence import load_state
 
             path = self._planner_state_path(self._checkpoint_folder())
-            self.batch_planner.load_state_dict(load_state(path))
+            state = load_state(
+                path,
+                what=f"{self.method.name} batch planner state",
+                required="the method's planner saves it with every checkpoint; without it the resume would roll "
+                "out other prompts than the run it continues. Resume from another checkpoint step.",
+            )
+            self.batch_planner.load_state_dict(state)
             logger.info("%s batch planner restored from %s", self.method.name, path)

@@ -60,18 +60,26 @@ def save_state(state: dict, path: str) -> str:
     return path
 
 
-def load_state(path: str) -> dict:
+DIFFICULTY_STATE = "difficulty state"
+# Why a missing difficulty state stops a resume (the default reason of load_state).
+_DIFFICULTY_REQUIRED = (
+    "a DIVA checkpoint step folder must hold one (saved by the difficulty service with the checkpoint). Refusing "
+    "to reset difficulties silently."
+)
+
+
+def load_state(path: str, what: str = DIFFICULTY_STATE, required: str = _DIFFICULTY_REQUIRED) -> dict:
     """Read and verify a file written by :func:`save_state`.
+
+    ``what`` names the state in every error (other checkpointed states use the same file format, e.g. a toolkit
+    method's batch planner); ``required`` says why a missing file stops the resume.
 
     Raises:
         FileNotFoundError: no file at ``path`` (message says what was expected there).
         DifficultyStateFileError: the file is partial, corrupt or fails its checksum.
     """
     if not os.path.exists(path):
-        raise FileNotFoundError(
-            f"difficulty state file {path} does not exist; a DIVA checkpoint step folder must hold one "
-            "(saved by the difficulty service with the checkpoint). Refusing to reset difficulties silently."
-        )
+        raise FileNotFoundError(f"{what} file {path} does not exist; {required}")
     # Bytes first: every way the file can be unreadable (no permission, a folder, bytes that are not UTF-8, JSON
     # that is not a state, numbers out of range) becomes the one error naming the file, never a bare traceback.
     try:
@@ -79,35 +87,35 @@ def load_state(path: str) -> dict:
             raw = f.read()
     except OSError as err:
         raise DifficultyStateFileError(
-            f"difficulty state file {path} cannot be read ({type(err).__name__}: {err.strerror or err}). "
+            f"{what} file {path} cannot be read ({type(err).__name__}: {err.strerror or err}). "
             "Check its permissions, or resume from another checkpoint step."
         ) from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
         raise DifficultyStateFileError(
-            f"difficulty state file {path} is corrupt: byte {err.start} (0x{raw[err.start]:02x}) is not UTF-8 "
+            f"{what} file {path} is corrupt: byte {err.start} (0x{raw[err.start]:02x}) is not UTF-8 "
             f"({len(raw)} bytes). Restore it from a backup or resume from another checkpoint step."
         ) from None
     try:
         data = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as err:
         raise DifficultyStateFileError(
-            f"difficulty state file {path} is partial or corrupt ({len(raw)} bytes; JSON error: {err}). "
+            f"{what} file {path} is partial or corrupt ({len(raw)} bytes; JSON error: {err}). "
             "Restore it from a backup or resume from another checkpoint step."
         ) from None
     if not isinstance(data, dict) or set(data) != {"sha256", "state"} or not isinstance(data["sha256"], str):
-        raise DifficultyStateFileError(f"{path} is not a difficulty state file (expected keys 'sha256' and 'state')")
+        raise DifficultyStateFileError(f"{path} is not a {what} file (expected keys 'sha256' and 'state')")
     try:
         digest = hashlib.sha256(_canonical(data["state"]).encode("utf-8")).hexdigest()
     except (ValueError, RecursionError) as err:  # e.g. 1e999 parses to inf, which a state never holds
         raise DifficultyStateFileError(
-            f"difficulty state file {path} is corrupt ({type(err).__name__}: {err}). "
+            f"{what} file {path} is corrupt ({type(err).__name__}: {err}). "
             "Restore it from a backup or resume from another checkpoint step."
         ) from None
     if digest != data["sha256"]:
         raise DifficultyStateFileError(
-            f"difficulty state file {path} fails its checksum (stored {data['sha256']}, computed {digest}); "
+            f"{what} file {path} fails its checksum (stored {data['sha256']}, computed {digest}); "
             "it was modified or damaged. Restore it or resume from another checkpoint step."
         )
     return data["state"]
