@@ -14,7 +14,8 @@ from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl_ext.algos import compute_avspo_advantage
 from verl_ext.plugin import TOOLKIT_METHODS
 
-NAMES = ["diva_grpo", *TOOLKIT_METHODS]
+# verl registers grpo itself; the toolkit adds its view of it (the baseline on the toolkit trainer).
+NAMES = ["diva_grpo", "grpo", *TOOLKIT_METHODS]
 
 
 def test_the_plugins_list_is_the_toolkits_methods():
@@ -60,3 +61,21 @@ def test_methods_needing_more_than_uid_refuse_verls_dispatcher(name):
     with pytest.raises(RuntimeError, match="trainer.v1.trainer_mode=toolkit") as raised:
         verl_call(name, torch.zeros(2, 3), torch.ones(2, 3), np.array(["a", "a"], dtype=object))
     assert f"qwen25vl7b_{name}.sh" in str(raised.value)
+
+
+def test_the_toolkits_grpo_leaves_verls_estimator_in_place_and_computes_it():
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    from verl_ext.methods import AdvantageInputs, get_method
+
+    assert get_adv_estimator_fn("grpo") is compute_grpo_outcome_advantage
+    rewards = torch.zeros(5, 3)
+    rewards[[0, 3], -1] = 1.0
+    mask = torch.ones(5, 3, dtype=torch.int64)
+    mask[1, 2] = 0
+    uid = np.array(["a", "a", "b", "b", "c"], dtype=object)
+    result = get_method("grpo").compute(AdvantageInputs(rewards, rewards, mask, uid), None)
+    expected, _ = compute_grpo_outcome_advantage(rewards, mask, uid)
+    torch.testing.assert_close(result.advantages, expected)
+    # b is split (0, 1), a is split (1, 0), c is a group of one: one of three groups collapsed.
+    assert result.metrics["grpo/collapse_rate"] == pytest.approx(1 / 3)

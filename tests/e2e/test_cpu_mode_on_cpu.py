@@ -166,7 +166,7 @@ def test_tiny_run_overrides_compose_at_the_same_response_budget(method, tmp_path
     questions = cfg.data.train_batch_size // (1 + cfg.diva.variants.variants_per_question)
     assert questions == 2
     assert cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n == 16  # responses per step, every method
-    expected_mode = {"diva": "diva_grpo", "grpo": "sync", "avspo": "toolkit"}[method]
+    expected_mode = {"diva": "diva_grpo", "grpo": "toolkit", "avspo": "toolkit"}[method]
     assert cfg.trainer.v1.trainer_mode == expected_mode
     assert (cfg.data.custom_cls.path is None) == (method != "diva")
 

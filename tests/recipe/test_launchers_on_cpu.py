@@ -72,7 +72,10 @@ def test_environment_overrides_reach_the_config():
 def test_grpo_baseline_has_the_same_response_budget():
     diva = compose_overrides(launcher_overrides("run_scripts/qwen25vl7b_diva.sh"))
     grpo = compose_overrides(launcher_overrides("run_scripts/qwen25vl7b_grpo.sh"))
-    assert grpo.algorithm.adv_estimator == "grpo" and grpo.trainer.v1.trainer_mode == "sync"
+    # verl's GRPO estimator on the toolkit trainer (it logs grpo/collapse_rate); TRAINER_MODE=sync: verl's trainer.
+    assert grpo.algorithm.adv_estimator == "grpo" and grpo.trainer.v1.trainer_mode == "toolkit"
+    plain = compose_overrides(launcher_overrides("run_scripts/qwen25vl7b_grpo.sh", TRAINER_MODE="sync"))
+    assert plain.trainer.v1.trainer_mode == "sync"
     assert grpo.data.custom_cls.path is None  # verl's own dataset on the same parquet
     assert grpo.actor_rollout_ref.rollout.n == 10
     assert grpo.data.train_batch_size * grpo.actor_rollout_ref.rollout.n == (

@@ -20,6 +20,8 @@ LAUNCHERS = {
     "mupo": (15, 128),
     "pgpo": (5, 128),
 }
+# The GRPO baseline's launcher runs on the toolkit trainer too (tests/recipe/test_launchers_on_cpu.py composes it).
+TOOLKIT_LAUNCHERS = sorted([*LAUNCHERS, "grpo"])
 
 
 @pytest.mark.parametrize("method", sorted(LAUNCHERS))
@@ -44,7 +46,7 @@ def test_pgpo_launcher_uses_the_papers_dapo_recipe():
 
 
 @pytest.mark.skipif(has_gpu(), reason="this machine has a GPU")
-@pytest.mark.parametrize("method", sorted(LAUNCHERS))
+@pytest.mark.parametrize("method", TOOLKIT_LAUNCHERS)
 def test_method_launcher_fails_fast_without_gpus_naming_its_preflight(method):
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DRY_RUN")}
     started = time.monotonic()
@@ -63,7 +65,7 @@ def local_ray():
     ray.shutdown()
 
 
-@pytest.mark.parametrize("method", sorted(LAUNCHERS))
+@pytest.mark.parametrize("method", TOOLKIT_LAUNCHERS)
 def test_method_preflight_passes(method, local_ray, tmp_path, monkeypatch, capsys):
     from recipe.diva_grpo.preflight import run_preflight
 

@@ -1,7 +1,7 @@
-"""AVSPO, CoDaPO and Durian through the toolkit trainer's real step logic on CPU (verl's fit(), TransferQueue,
-ReplayBuffer, dataloader; rollout and FSDP workers stood in for): three steps each, the advantages the actor
-consumed equal the pure function on the same data, the methods' metrics are logged, and CoDaPO's resampling
-alternates, and resumes mid-epoch exactly."""
+"""verl's GRPO, AVSPO, CoDaPO, Durian, PGPO and MUPO through the toolkit trainer's real step logic on CPU (verl's
+fit(), TransferQueue, ReplayBuffer, dataloader; rollout and FSDP workers stood in for): three steps each, the
+advantages the actor consumed equal the pure function on the same data, the methods' metrics are logged, and
+CoDaPO's resampling alternates, and resumes mid-epoch exactly."""
 
 from __future__ import annotations
 
@@ -92,6 +92,29 @@ def test_avspo_three_steps(ray_and_tq, tmp_path, monkeypatch):
     for entry in logged:
         for key in ("avspo/collapse_rate/before", "avspo/collapse_rate/after", "avspo/virtual_samples"):
             assert key in entry["data"], key
+
+
+def test_grpo_baseline_three_steps_is_verls_grpo_and_logs_its_collapse_rate(ray_and_tq, tmp_path, monkeypatch):
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    from verl_ext.algos import advantage_collapse_rate
+
+    write_synth_data(tmp_path)
+    trainer, logged = run(tmp_path, "grpo", monkeypatch=monkeypatch)
+    assert len(trainer.actor_rollout_wg.updates) == len(logged) == 3
+    for update, entry in zip(trainer.actor_rollout_wg.updates, logged, strict=True):
+        rows = rows_of(update)
+        expected, _ = compute_grpo_outcome_advantage(rows["rewards"], rows["mask"], rows["uid"])
+        torch.testing.assert_close(rows["advantages"], expected)
+        rate = advantage_collapse_rate(rows["rewards"].sum(-1), rows["uid"])
+        assert entry["data"]["grpo/collapse_rate"] == pytest.approx(rate)
+        assert entry["data"]["grpo/accuracy/mean"] == pytest.approx(float(np.mean(rows["acc"])))
+
+
+def test_grpo_baseline_refuses_the_mean_only_variant(tmp_path):
+    cfg = compose_toolkit_config(tmp_path, "grpo", "algorithm.norm_adv_by_std_in_grpo=false")
+    with pytest.raises(ValueError, match="norm_adv_by_std_in_grpo=false.*trainer_mode=sync"):
+        ToolkitTrainer(cfg)
 
 
 def test_durian_three_steps_reads_visual_entropy_and_old_log_probs(ray_and_tq, tmp_path, monkeypatch):

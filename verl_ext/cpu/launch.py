@@ -6,8 +6,8 @@ run it on the CPU with verl's real trainer, FSDP2 workers and the ``hf_cpu`` rol
 setting but the method's own (``METHODS``), at the same response budget per question:
 
 * ``diva``: DIVA-GRPO, ``questions x (original + 1 variant)`` prompts, ``n`` responses each;
-* ``grpo``: verl's GRPO baseline (``trainer_mode=sync``, verl's ``RLHFDataset``), ``questions`` prompts,
-  ``2 n`` responses each;
+* ``grpo``: verl's GRPO baseline (verl's estimator on the toolkit trainer, which logs its collapse rate; verl's
+  ``RLHFDataset``), ``questions`` prompts, ``2 n`` responses each;
 * any other toolkit method (``verl_ext.methods``): its own trainer mode (``toolkit``), verl's dataset, like GRPO.
 
 Sizes that keep a step to seconds on 2 cores: 2 questions per step, 24 response tokens, 84 x 84 pixels; one
@@ -61,8 +61,6 @@ def method_overrides(method: str, questions: int, rollout_n: int) -> list[str]:
     """
     if method in ("diva", "diva_grpo"):
         estimator, trainer_mode = "diva_grpo", "diva_grpo"
-    elif method == "grpo":
-        estimator, trainer_mode = "grpo", "sync"
     else:
         from verl_ext.methods import METHODS, get_method
 

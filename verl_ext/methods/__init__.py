@@ -7,7 +7,7 @@
 
 import importlib
 
-from verl_ext.methods import diva  # noqa: F401  (registers diva_grpo)
+from verl_ext.methods import diva, grpo  # noqa: F401  (register diva_grpo, and verl's grpo on the toolkit trainer)
 from verl_ext.methods.base import (
     METHODS,
     AdvantageInputs,

@@ -1,13 +1,13 @@
 """The toolkit's one advantage path: what a method declares, what it receives, what it returns.
 
-Every GRPO variant of the toolkit (DIVA-GRPO, AVSPO, CoDaPO, Durian, PGPO, MUPO) is an
-:class:`AdvantageMethod`: a name (``algorithm.adv_estimator=<name>``), a typed config block (a top-level
-key of the recipe yaml, unknown keys refused), the TransferQueue fields it needs beyond verl's own, and a
-``compute`` function that maps :class:`AdvantageInputs` to :class:`AdvantageResult` by calling the method's
-pure math in ``verl_ext/algos/<method>.py``. The trainer step that fetches the fields, applies verl's KL
-penalty and rollout correction, calls ``compute`` and writes the advantages back is shared by all of them
-(``recipe/diva_grpo/toolkit_trainer.py``); adding a method adds one file under ``verl_ext/methods/`` and
-copies no trainer code.
+Every GRPO variant of the toolkit (DIVA-GRPO, AVSPO, CoDaPO, Durian, PGPO, MUPO), and verl's GRPO as their
+baseline, is an :class:`AdvantageMethod`: a name (``algorithm.adv_estimator=<name>``), a typed config block (a
+top-level key of the recipe yaml, unknown keys refused), the TransferQueue fields it needs beyond verl's own, and
+a ``compute`` function that maps :class:`AdvantageInputs` to :class:`AdvantageResult` by calling the method's
+pure math in ``verl_ext/algos/<method>.py`` (GRPO's is verl's own). The trainer step that fetches the fields,
+applies verl's KL penalty and rollout correction, calls ``compute`` and writes the advantages back is shared by
+all of them (``recipe/diva_grpo/toolkit_trainer.py``); adding a method adds one file under ``verl_ext/methods/``
+and copies no trainer code.
 
 Nothing here imports Ray or touches files: a method's ``compute`` is testable on plain tensors.
 """
@@ -224,7 +224,7 @@ def get_method(name: str) -> AdvantageMethod:
     if name not in METHODS:
         raise ValueError(
             f"algorithm.adv_estimator={name!r} is not a method of this toolkit; known: {sorted(METHODS)} "
-            "(verl's own estimators such as grpo run with trainer.v1.trainer_mode=sync)"
+            "(verl's other estimators, such as rloo, run with trainer.v1.trainer_mode=sync)"
         )
     return METHODS[name]
 
