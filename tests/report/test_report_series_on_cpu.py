@@ -43,7 +43,7 @@ def reference_rows(base: dict[str, dict[int, float]], run: dict[str, dict[int, f
             continue
         best = max(b.values())
         t_base, t_run = reference_first(b, best), reference_first(r, best)
-        speedup = None if t_run in (None, 0) else t_base / t_run
+        speedup = None if t_run in (None, 0) or t_base == 0 else t_base / t_run
         rows.append((benchmark, best, t_base, t_run, max(r.values()), speedup))
     return rows
 
@@ -83,6 +83,10 @@ def test_known_answer_speedup():
     never = {"mathvista": {0: 0.3, 100: 0.59}}
     (row,) = S.steps_to_baseline_best(log_of(base), log_of(never))
     assert row.run_step is None and row.speedup is None
+    # the baseline never beats its untrained score: no steps to save, no ratio (not 0x)
+    flat = {"mathvista": {0: 0.6, 100: 0.5, 200: 0.6}}
+    (row,) = S.steps_to_baseline_best(log_of(flat), log_of(run))
+    assert (row.baseline_step, row.run_step, row.speedup) == (0, 150, None)
 
 
 def test_validation_keys_prefer_acc_and_the_most_samples():

@@ -87,7 +87,12 @@ def write_report(runs: list[Run], figures: dict[str, tuple[str, str | None]], no
             table = []
             for name, row in rows:
                 reached = "not reached" if row.run_step is None else f"step {row.run_step}"
-                speedup = "–" if row.speedup is None else f"{row.speedup:.2f}x fewer steps"
+                if row.speedup is not None:
+                    speedup = f"{row.speedup:.2f}x fewer steps"
+                elif row.baseline_step == 0:
+                    speedup = "– (the baseline's best is before training)"
+                else:
+                    speedup = "–"
                 benchmark = "mean over benchmarks" if row.benchmark == S.MEAN else row.benchmark
                 table.append(
                     [name, benchmark, f"{row.baseline_best:.3f} at step {row.baseline_step}", reached, speedup]

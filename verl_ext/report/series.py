@@ -21,7 +21,8 @@ key                                    meaning
 Steps to the baseline's best (the paper: DIVA reaches GRPO's best validation score in 1.90x fewer steps with one
 variant, 2.55x with three): for a benchmark, ``best = max_t acc_base(t)`` reached first at step ``t_base``; the run
 reaches it at ``t_run = min{t : acc_run(t) >= best}``; the speed-up is ``t_base / t_run`` (``None`` when the run
-never reaches it or ``t_run = 0``). ``mean`` is the same over the mean of the benchmarks both runs validate, at the
+never reaches it, when ``t_run = 0``, or when ``t_base = 0``: training never beat the baseline's untrained score, so
+there are no steps to save). ``mean`` is the same over the mean of the benchmarks both runs validate, at the
 steps where every one of them was validated.
 """
 
@@ -118,7 +119,8 @@ class StepsToBest:
 
     @property
     def speedup(self) -> float | None:
-        if self.run_step is None or self.run_step == 0:
+        # t_base = 0: the baseline's best is its score before training, which no step count improves on.
+        if self.run_step is None or self.run_step == 0 or self.baseline_step == 0:
             return None
         return self.baseline_step / self.run_step
 
