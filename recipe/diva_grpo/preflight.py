@@ -233,8 +233,8 @@ def run_preflight(config: DictConfig) -> dict:
     if mode not in (DIVA_MODE, TOOLKIT_MODE):
         raise PreflightError(
             f"the preflight checks the toolkit's recipes (trainer.v1.trainer_mode={DIVA_MODE} or {TOOLKIT_MODE}), "
-            f"not {mode!r}: run it as DRY_RUN=1 bash run_scripts/qwen25vl7b_diva.sh (or the qwen25vl7b_<method>.sh "
-            "of a toolkit method)"
+            f"not {mode!r}: run it as DRY_RUN=1 bash run_scripts/qwen25vl7b_diva.sh, or the qwen25vl7b_<method>.sh "
+            "of a toolkit method (the GRPO baseline's qwen25vl7b_grpo.sh too, without TRAINER_MODE=sync)"
         )
     diva = mode == DIVA_MODE
     trainer_cls = DivaTrainer if diva else ToolkitTrainer
