@@ -138,7 +138,10 @@ def dataset_extra_s(paths: dict, repeats: int) -> dict:
     from verl_ext.cpu.launch import cpu_overrides
     from verl_ext.data.dataset import DivaDataset
 
-    config = compose(cpu_overrides(paths, "/tmp/unused", method="diva"))
+    # No long-prompt filter: it is start-up work, not per-step work (the tiny prompts are far below the limit), and
+    # its `datasets` worker pool forks this process, which by now holds Ray's and torch's threads (a fork there
+    # was seen to hang in the image processor).
+    config = compose([*cpu_overrides(paths, "/tmp/unused", method="diva"), "data.filter_overlong_prompts=false"])
     tokenizer = hf_tokenizer(paths["model"])
     processor = hf_processor(paths["model"])
     diva = DivaDataset(data_files=[paths["train"]], tokenizer=tokenizer, config=config.data, processor=processor)
