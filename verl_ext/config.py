@@ -112,3 +112,10 @@ def config_block(cls: type, values: Any, key: str):
 def diva_config_from(values: Any = None) -> DivaConfig:
     """Build a :class:`DivaConfig` from the ``diva:`` block (``DictConfig``, dict or ``None``)."""
     return config_block(DivaConfig, values, "diva")
+
+
+def parameter_sync_step(full_config: Any) -> int:
+    """``trainer.v1.sync.parameter_sync_step`` (default 1): how many advantage computations and actor updates the
+    toolkit's trainers make per batch. verl reads it under ``trainer.v1.<trainer_mode>``, and the toolkit's trainers
+    answer ``trainer_mode == "sync"`` whatever name they are registered as, so it is the ``sync`` block for them."""
+    return full_config.trainer.v1.get("sync", {}).get("parameter_sync_step", 1)

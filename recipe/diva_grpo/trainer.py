@@ -33,7 +33,7 @@ from verl.trainer.ppo.v1 import register_trainer
 from verl.utils.dataset.rl_dataset import collate_fn
 
 from recipe.diva_grpo.toolkit_trainer import ToolkitTrainer
-from verl_ext.config import diva_config_from
+from verl_ext.config import diva_config_from, parameter_sync_step
 from verl_ext.data.dataset import DivaDataset
 from verl_ext.data.sampler import QuestionBlockSampler, check_batch_size
 from verl_ext.difficulty.alphas import per_response_values, question_alphas
@@ -80,7 +80,7 @@ class DivaTrainer(ToolkitTrainer):
                 "trainer.v1.sampler.sync_refill_failed_groups=True refills single prompts and would split question "
                 "groups; keep it False with the DIVA trainer."
             )
-        if config.trainer.v1.get("sync", {}).get("parameter_sync_step", 1) != 1:
+        if parameter_sync_step(config) != 1:
             raise ValueError(
                 "trainer.v1.sync.parameter_sync_step must be 1 with the DIVA trainer: sub-batches could split question "
                 "groups, and the difficulty service expects one update per step"

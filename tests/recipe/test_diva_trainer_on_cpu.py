@@ -187,6 +187,7 @@ def test_resume_with_missing_difficulty_state_fails_naming_the_file(ray_and_tq, 
         ("data.train_batch_size=7", "multiple of 1 \\+ diva.variants.variants_per_question"),
         ("algorithm.filter_groups.enable=true", "filter_groups"),
         ("+diva.advantage.kk=1", "unknown key"),
+        ("+trainer.v1.sync.parameter_sync_step=2", "parameter_sync_step must be 1"),
     ],
 )
 def test_trainer_refuses_settings_that_break_diva(tmp_path, override, message):

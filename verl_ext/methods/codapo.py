@@ -14,6 +14,7 @@ import numpy as np
 from verl.base_config import BaseConfig
 
 from verl_ext.algos import advantage_collapse_rate, compute_codapo_advantage
+from verl_ext.config import parameter_sync_step
 from verl_ext.data.codapo_resampler import CoDaPOResampler
 from verl_ext.methods.base import AdvantageInputs, AdvantageMethod, AdvantageResult, register_method
 from verl_ext.methods.metrics import advantage_summary, summary
@@ -92,7 +93,7 @@ class CodapoPlanner:
 def check_config(full_config, config: CodapoConfig) -> None:
     if not config.resample:
         return
-    sync_step = full_config.trainer.v1.get("sync", {}).get("parameter_sync_step", 1)
+    sync_step = parameter_sync_step(full_config)
     if sync_step != 1:
         raise ValueError(
             f"codapo.resample=true selects each batch's questions from one advantage computation, but "
