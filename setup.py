@@ -37,8 +37,11 @@ setup(
         "test": ["pytest>=8", "pytest-timeout", "ruff==0.17.*", "sentence-transformers"],
         # MUPO's optional local embedding backend (mupo.embedding.backend=sentence_transformers).
         "embeddings-local": ["sentence-transformers"],
-        # Same pins as verl 0.9.1's own `vllm` and `flash-attn-cu130torch211` extras.
-        "gpu": ["verl[vllm]==0.9.1", "flash-attn==2.8.3"],
+        # verl 0.9.1's own `vllm` extra: torch 2.11.0, torchvision 0.26.0, torchaudio 2.11.0, transformers 5.9.0,
+        # vllm 0.24.0. flash-attn (verl's `flash-attn-cu130torch211` pin, 2.8.3) is not in it: its source
+        # distribution imports torch to build, which pip's isolated build has not got; the README's GPU block
+        # installs it after torch with --no-build-isolation, as flash-attn documents.
+        "gpu": ["verl[vllm]==0.9.1"],
     },
     entry_points={
         "verl.plugins": ["diva_grpo = verl_ext.plugin"],

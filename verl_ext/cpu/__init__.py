@@ -27,6 +27,10 @@ def cpu_mode_requested() -> bool:
 
 ROLLOUT_NAME = "hf_cpu"
 
+# vLLM's worker extension for its CPU build (verl's, plus the patch keep_cpu_linear_weights), by qualified name:
+# vLLM imports it in its worker process (rollout.engine_kwargs.vllm.worker_extension_cls).
+VLLM_WORKER_EXTENSION = "verl_ext.cpu.vllm_worker.CpuWorkerExtension"
+
 
 def _load_hf_cpu_replica():
     from verl_ext.cpu.rollout import HFCpuReplica

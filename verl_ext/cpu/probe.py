@@ -23,7 +23,10 @@ PROBE_ENV = "DIVA_CPU_PROBE_DIR"
 # Fields the actor reads, and what the checks need besides; missing ones (e.g. extra_info with verl's plain
 # dataset, rollout_log_probs without calculate_log_probs) are left out.
 TENSOR_FIELDS = ("advantages", "response_mask", "rm_scores", "old_log_probs", "rollout_log_probs")
-OBJECT_FIELDS = ("uid", "extra_info", "extra_fields")
+# One unpadded tensor per sample: the whole sequence and the response, for the exact log-prob check of the vLLM
+# rollout (verl_ext.cpu.logprob_check), which runs the sequences through the step's weights again.
+SEQUENCE_FIELDS = ("input_ids", "responses")
+OBJECT_FIELDS = ("uid", "extra_info", "extra_fields", "multi_modal_inputs")
 
 
 def _as_list(value) -> list:
@@ -54,7 +57,7 @@ class ActorInputProbe:
         import transfer_queue as tq
 
         out: dict = {}
-        for name in TENSOR_FIELDS + OBJECT_FIELDS:
+        for name in TENSOR_FIELDS + SEQUENCE_FIELDS + OBJECT_FIELDS:
             try:
                 data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[name])
             except Exception:  # noqa: BLE001  (a field this run does not produce)
@@ -64,6 +67,8 @@ class ActorInputProbe:
             value = data[name]
             if name in TENSOR_FIELDS:
                 out[name] = value.to_padded_tensor(0.0) if getattr(value, "is_nested", False) else value
+            elif name in SEQUENCE_FIELDS:
+                out[name] = list(value.unbind(0)) if getattr(value, "is_nested", False) else list(value)
             else:
                 out[name] = _as_list(value)
         return out

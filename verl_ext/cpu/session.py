@@ -93,7 +93,7 @@ def _read_metrics(config: DictConfig, experiment: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def _checked(entry: dict) -> dict:
+def _checked(entry: dict, exact_check: bool = False) -> dict:
     data, step = entry["data"], entry["step"]
     grad, loss = data.get("actor/grad_norm"), data.get("actor/pg_loss")
     if grad is None or not math.isfinite(grad) or grad == 0.0:
@@ -104,7 +104,9 @@ def _checked(entry: dict) -> dict:
     if loss is None or not math.isfinite(loss) or (lengths_vary and loss == 0.0):
         raise CpuRunError(f"step {step}: actor/pg_loss={loss}; a real step has a finite loss, non-zero here")
     gap = data.get("rollout_corr/log_ppl_abs_diff")
-    if gap is None or gap > LOGPROB_TOLERANCE:
+    # verl's vLLM rollout normalises over the tokens its sampler allows: checked exactly by verl_ext.cpu.logprob_check
+    # (exact_check) instead of against this metric, which then also measures the banned tokens' mass.
+    if gap is None or (not exact_check and gap > LOGPROB_TOLERANCE):
         raise CpuRunError(
             f"step {step}: rollout and actor log-probs differ by {gap} per token (> {LOGPROB_TOLERANCE}): the "
             "rollout server did not get the trained weights"
@@ -124,7 +126,8 @@ def summarize(config: DictConfig, resume_steps: int) -> dict:
     steps = int(config.trainer.total_training_steps)
     first = _read_metrics(config, config.trainer.experiment_name)
     second = _read_metrics(config, f"{config.trainer.experiment_name}{RESUMED_SUFFIX}")
-    logged = [_checked(e) for e in first + second if "actor/pg_loss" in e["data"]]
+    exact_check = config.actor_rollout_ref.rollout.name == "vllm"
+    logged = [_checked(e, exact_check) for e in first + second if "actor/pg_loss" in e["data"]]
     expected = list(range(1, steps + resume_steps + 1))
     if [e["step"] for e in logged] != expected:
         raise CpuRunError(f"steps logged {[e['step'] for e in logged]}, expected {expected} (train, then resume)")
@@ -156,7 +159,33 @@ def summarize(config: DictConfig, resume_steps: int) -> dict:
                 raise CpuRunError("the resumed run's difficulty state differs from the one saved in the checkpoint")
             summary["questions_tracked"] = len(saved)
         summary["probed_steps"] = len(glob.glob(os.path.join(probe_dir, "actor_inputs_step*.pt")))
+    if exact_check:
+        summary["logprob_check"] = exact_logprob_check(config, probe_dir)
     return summary
+
+
+def exact_logprob_check(config: DictConfig, probe_dir: str | None) -> dict:
+    """:mod:`verl_ext.cpu.logprob_check` over every probed step; raises :class:`CpuRunError` when it fails."""
+    from verl_ext.cpu.logprob_check import LogprobCheckError, check_rollout_logprobs, weights_by_step
+
+    if not probe_dir:
+        raise CpuRunError(f"the vLLM rollout's log-prob check reads the actor inputs: set {PROBE_ENV}")
+    model = config.actor_rollout_ref.model.path
+    try:
+        gaps = check_rollout_logprobs(
+            probe_dir,
+            weights_by_step(model, [config.trainer.default_local_dir]),
+            model,
+            float(config.actor_rollout_ref.rollout.temperature),
+        )
+    except LogprobCheckError as e:
+        raise CpuRunError(str(e)) from e
+    return {
+        "steps": [g.step for g in gaps],
+        "rollout_gap_mean": max(g.rollout_mean for g in gaps),
+        "rollout_gap_max": max(g.rollout_max for g in gaps),
+        "actor_gap_mean": max(g.actor_mean for g in gaps),
+    }
 
 
 def format_summary(summary: dict) -> str:
