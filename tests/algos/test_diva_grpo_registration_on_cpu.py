@@ -13,6 +13,9 @@ from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 
 import verl_ext.plugin  # noqa: F401  (registration happens in this process through the entry point, too)
 
+# The main job's stack: CI runs these in the GPU stack's environment (pytest -m gpu_stack).
+pytestmark = pytest.mark.gpu_stack
+
 
 def test_a_fresh_process_sees_the_registration_after_import_verl():
     script = (

@@ -14,6 +14,9 @@ from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 from verl_ext.algos import compute_avspo_advantage
 from verl_ext.plugin import TOOLKIT_METHODS
 
+# The main job's stack: CI runs these in the GPU stack's environment (pytest -m gpu_stack).
+pytestmark = pytest.mark.gpu_stack
+
 # verl registers grpo itself; the toolkit adds its view of it (the baseline on the toolkit trainer).
 NAMES = ["diva_grpo", "grpo", *TOOLKIT_METHODS]
 

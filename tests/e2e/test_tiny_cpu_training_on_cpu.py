@@ -45,7 +45,8 @@ def _require_torchvision() -> None:
 STEPS, RESUME_STEPS = 3, 1
 ALL_STEPS = list(range(1, STEPS + RESUME_STEPS + 1))
 
-pytestmark = pytest.mark.timeout(900)
+# The main job's stack: CI runs these in the GPU stack's environment (pytest -m gpu_stack).
+pytestmark = [pytest.mark.gpu_stack, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+# The main job's stack: CI runs these in the GPU stack's environment (pytest -m gpu_stack).
+pytestmark = pytest.mark.gpu_stack
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_blind_pass.py"
 
 

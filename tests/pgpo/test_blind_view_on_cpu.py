@@ -36,6 +36,9 @@ from verl_ext.pgpo.tiny import (
 )
 from verl_ext.pgpo.worker import PgpoActorRolloutRefWorker
 
+# The main job's stack: CI runs these in the GPU stack's environment (pytest -m gpu_stack).
+pytestmark = pytest.mark.gpu_stack
+
 VISUAL = [IMAGE_TOKEN_ID, VIDEO_TOKEN_ID]
 
 TRAJECTORIES = [

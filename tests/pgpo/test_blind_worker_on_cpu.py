@@ -12,7 +12,8 @@ import pytest
 
 RUNNER = Path(__file__).with_name("blind_worker_run.py")
 
-pytestmark = pytest.mark.timeout(900)
+# The main job's stack: CI runs these in the GPU stack's environment (pytest -m gpu_stack).
+pytestmark = [pytest.mark.gpu_stack, pytest.mark.timeout(900)]
 
 
 def test_blind_log_probs_through_verls_worker_group(tmp_path):

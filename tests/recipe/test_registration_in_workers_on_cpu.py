@@ -9,6 +9,9 @@ import pytest
 import ray
 import yaml
 
+# The main job's stack: CI runs these in the GPU stack's environment (pytest -m gpu_stack).
+pytestmark = pytest.mark.gpu_stack
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -24,14 +24,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import dataclass
 
 from verl_ext.cpu import CPU_ENV, ROLLOUT_NAME, VLLM_WORKER_EXTENSION
 from verl_ext.cpu.tiny_model import MAX_PIXELS, build_tiny_qwen2_vl
 
 TRAIN_QUESTIONS = 16
 VAL_QUESTIONS = 4
-
-
 def prepare(workdir: str) -> dict:
     """Tiny model and synthetic data under ``workdir`` (reused when present); returns their paths."""
     from data_prep.synth import synth
@@ -112,8 +111,17 @@ def cpu_overrides(
     lr: float = 1e-3,
     experiment: str = "tiny_cpu",
     ray_init: bool = True,
+    reward: str = "separating",
+    test_freq: int | None = None,
+    seed: int = 0,
 ) -> list[str]:
     """Hydra overrides of a tiny CPU run (see the module docstring).
+
+    ``reward``: ``separating`` (:mod:`verl_ext.cpu.reward`, for the random model) or ``paper`` (the project's
+    :func:`verl_ext.reward.compute_score`: ``\\boxed{}`` and math-verify, for the swatch task). Validation runs
+    before training and every ``test_freq`` steps (default: at the last step), greedy (temperature 0: the same
+    answers for the same weights, so curves move only when the policy does). ``seed`` seeds the data order, the
+    variant draws and the rollout sampling.
 
     ``ray_init``: the entry point starts Ray itself (a test); then it gets one logical GPU, 16 logical CPUs
     (TransferQueue's storage actors) and :data:`verl_ext.cpu.CPU_ENV` for every process. Under ``ray job submit``
@@ -146,17 +154,20 @@ def cpu_overrides(
         "actor_rollout_ref.rollout.agent.num_workers=1",
         "reward.num_workers=1",
         "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-        # A random model never writes \boxed{}: a reward that separates its responses (verl_ext.cpu.reward).
-        "reward.custom_reward_function.path=pkg://verl_ext.cpu.reward",
-        "reward.custom_reward_function.name=separating_score",
+        *_reward_overrides(reward),
         "trainer.device=cpu",
         "trainer.nnodes=1",
         "trainer.n_gpus_per_node=1",
         f"trainer.total_training_steps={steps}",
         "trainer.total_epochs=100",
         f"trainer.save_freq={save_freq if save_freq is not None else steps}",
-        "trainer.test_freq=-1",
-        "trainer.val_before_train=false",
+        f"trainer.test_freq={test_freq if test_freq is not None else steps}",
+        "trainer.val_before_train=true",
+        "actor_rollout_ref.rollout.val_kwargs.temperature=0",
+        "actor_rollout_ref.rollout.val_kwargs.do_sample=false",
+        f"data.seed={seed}",
+        f"diva.variants.seed={seed}",
+        f"actor_rollout_ref.rollout.seed={seed}",
         "trainer.resume_mode=auto",
         "trainer.logger=[console,file]",
         f"trainer.experiment_name={experiment}",
@@ -172,40 +183,128 @@ def cpu_overrides(
     return args
 
 
-# What the CPU run on verl's vLLM rollout changes in the GPU launcher's run, and why: (setting, reason). The launcher
-# variables come first (vllm_launcher_env), then the Hydra overrides the launcher has no variable for.
-VLLM_CPU_CHANGES: tuple[tuple[str, str], ...] = (
-    ("MODEL_PATH", "the tiny Qwen2-VL built locally (no hub)"),
-    ("TRAIN_FILES, VAL_FILES", "the tiny diva-prep synth set (training set with Durian's visual entropy)"),
-    ("N_GPUS_PER_NODE=1", "device: the local head has one logical GPU"),
-    ("QUESTIONS_PER_STEP, ROLLOUT_N", "size: 2 questions x 8 responses per question per step"),
-    ("MAX_PROMPT_LENGTH=1024, MAX_RESPONSE_LENGTH=24, MAX_PIXELS=7056", "size: 84 x 84 images, 24 new tokens"),
-    ("LR=1e-3", "tiny model: one update must move the log-probs far beyond float rounding, or the sync check "
-     "could not tell synced weights from stale ones"),
-    ("SAVE_FREQ=1, TEST_FREQ=-1", "the run's checks: weights of every step (the log-prob check), no validation"),
-    ("CKPT_DIR, EXPERIMENT_NAME, METRICS_LOG", "the run folder; metrics per experiment (train, resumed)"),
-    ("trainer.device=cpu", "device"),
-    ("trainer.total_training_steps, trainer.total_epochs=100", "size: a few steps over 16 questions"),
-    ("attn_implementation=sdpa, use_remove_padding=false", "attention: flash-attention and its padding-free "
-     "packing need CUDA"),
-    ("actor.strategy=fsdp2", "device: verl's FSDP1 path needs an accelerator"),
-    ("fsdp mixed_precision fp32, rollout.dtype=float32", "device: no bf16 autocast on the CPU; the rollout "
-     "matches the fp32 actor"),
-    ("use_torch_compile=false, rollout.enforce_eager=true", "time: compiling on 2 cores costs more than the run"),
-    ("micro-batch sizes 8 / 16, data.dataloader_num_workers=0", "size"),
-    ("rollout.enable_sleep_mode=false, rollout.free_cache_engine=false", "device: vLLM's CPU platform has no sleep "
-     "mode ('Sleep mode is not supported on current platform')"),
-    ("rollout.max_num_seqs=16", "size: one step's 16 requests at once"),
-    ("rollout.engine_kwargs.vllm.worker_extension_cls", "device: vLLM's CPU build drops linear weights after "
-     "loading (verl_ext.cpu.vllm_worker, patch keep_cpu_linear_weights)"),
-    ("rollout.calculate_log_probs=true, actor.checkpoint.save_contents+=hf_model", "the run's checks: rollout "
-     "log-probs and each step's weights for the exact log-prob check (verl_ext.cpu.logprob_check)"),
-    ("agent.num_workers=1, reward.num_workers=1, 1 TransferQueue storage unit", "memory: verl starts 8 of each "
-     "(~10 GB)"),
-    ("reward: verl_ext.cpu.reward.separating_score", "tiny model: a random model never writes \\boxed{}"),
-    ("trainer.val_before_train=false, trainer.resume_mode=auto", "time; the resumed part"),
-    ("VLLM_CPU_KVCACHE_SPACE=1, VLLM_CPU_OMP_THREADS_BIND=nobind", "device: vLLM's CPU KV cache in GiB (its "
-     "default takes much of this machine's memory); no thread pinning on a shared 2-core machine"),
+@dataclass(frozen=True)
+class CpuChange:
+    """One thing the CPU run on verl's vLLM rollout changes in the GPU launcher's run: ``setting`` (a launcher
+    variable or a Hydra override), the config ``keys`` it changes (leaf paths or their prefixes), and ``why``."""
+
+    setting: str
+    keys: tuple[str, ...]
+    why: str
+
+
+_AR = "actor_rollout_ref"
+# Everything a CPU and a tiny model force on the GPU launcher's run: the launcher's variables first
+# (vllm_launcher_env), then the Hydra overrides it has no variable for (vllm_cpu_overrides). A test composes both
+# runs and checks that every config value that differs is listed here; the README's table shows the same list.
+VLLM_CPU_CHANGES: tuple[CpuChange, ...] = (
+    CpuChange("MODEL_PATH", (f"{_AR}.model.path",), "the tiny Qwen2-VL built locally (no hub)"),
+    CpuChange("TRAIN_FILES, VAL_FILES", ("data.train_files", "data.val_files"), "the tiny `diva-prep synth` set"),
+    CpuChange("N_GPUS_PER_NODE=1", ("trainer.n_gpus_per_node",), "device: the local head has one logical GPU"),
+    CpuChange(
+        "QUESTIONS_PER_STEP=2, ROLLOUT_N",
+        ("data.train_batch_size", f"{_AR}.actor.ppo_mini_batch_size", f"{_AR}.rollout.n"),
+        "size: 2 questions and 8 responses per question per step (DIVA: 2 prompts x 4)",
+    ),
+    CpuChange(
+        "MAX_PROMPT_LENGTH=1024, MAX_RESPONSE_LENGTH=24, MAX_PIXELS=7056",
+        ("data.max_prompt_length", "data.max_response_length", "diva.variants.max_pixels"),
+        "size: 84 x 84 images, 24 new tokens",
+    ),
+    CpuChange(
+        "LR=1e-3",
+        (f"{_AR}.actor.optim.lr",),
+        "tiny model: one update must move the log-probs far beyond float rounding, or the log-prob check could not "
+        "tell synced weights from stale ones (1e-6 moves them by ~1e-5)",
+    ),
+    CpuChange(
+        "SAVE_FREQ=1, TEST_FREQ=-1",
+        ("trainer.save_freq", "trainer.test_freq"),
+        "the run's checks: each step's weights for the log-prob check; no validation",
+    ),
+    CpuChange(
+        "CKPT_DIR, EXPERIMENT_NAME, METRICS_LOG=",
+        ("trainer.default_local_dir", "trainer.experiment_name", "ray_kwargs.ray_init.runtime_env.env_vars"),
+        "the run folder; verl's own metrics file per experiment (the trained and the resumed part)",
+    ),
+    CpuChange("trainer.device=cpu", ("trainer.device",), "device"),
+    CpuChange(
+        "TOTAL_EPOCHS=100, trainer.total_training_steps",
+        ("trainer.total_training_steps", "trainer.total_epochs"),
+        "size: a few steps over 16 questions",
+    ),
+    CpuChange(
+        "attn_implementation=sdpa, use_remove_padding=false",
+        (f"{_AR}.model.override_config", f"{_AR}.model.use_remove_padding"),
+        "attention: flash-attention and its padding-free packing need CUDA",
+    ),
+    CpuChange("actor.strategy=fsdp2", (f"{_AR}.actor.strategy",), "device: verl's FSDP1 path needs an accelerator"),
+    CpuChange(
+        "fsdp_config.mixed_precision fp32, rollout.dtype=float32",
+        (f"{_AR}.actor.fsdp_config.mixed_precision", f"{_AR}.ref.fsdp_config.mixed_precision", f"{_AR}.rollout.dtype"),
+        "device: no bf16 autocast on the CPU; the rollout computes in the actor's fp32",
+    ),
+    CpuChange(
+        "use_torch_compile=false, rollout.enforce_eager=true",
+        (
+            f"{_AR}.actor.fsdp_config.use_torch_compile",
+            f"{_AR}.ref.fsdp_config.use_torch_compile",
+            f"{_AR}.actor.use_torch_compile",
+            f"{_AR}.rollout.enforce_eager",
+        ),
+        "time: compiling on 2 cores costs more than the run",
+    ),
+    CpuChange(
+        "micro-batch sizes 8 / 16, data.dataloader_num_workers=0",
+        (
+            f"{_AR}.actor.ppo_micro_batch_size_per_gpu",
+            f"{_AR}.rollout.log_prob_micro_batch_size_per_gpu",
+            f"{_AR}.ref.log_prob_micro_batch_size_per_gpu",
+            "data.dataloader_num_workers",
+        ),
+        "size: 16 responses per step; no loader processes on 2 cores",
+    ),
+    CpuChange(
+        "rollout.enable_sleep_mode=false, rollout.free_cache_engine=false",
+        (f"{_AR}.rollout.enable_sleep_mode", f"{_AR}.rollout.free_cache_engine"),
+        "device: vLLM's CPU platform has no sleep mode ('Sleep mode is not supported on current platform', which "
+        "Ray reports as \"cannot pickle 'pydantic_core._pydantic_core.ArgsKwargs'\")",
+    ),
+    CpuChange("rollout.max_num_seqs=16", (f"{_AR}.rollout.max_num_seqs",), "size: one step's 16 requests at once"),
+    CpuChange(
+        "rollout.engine_kwargs.vllm.worker_extension_cls",
+        (f"{_AR}.rollout.engine_kwargs.vllm.worker_extension_cls",),
+        "device: vLLM's CPU build drops linear weights after loading (patch keep_cpu_linear_weights)",
+    ),
+    CpuChange(
+        "rollout.calculate_log_probs=true, actor.checkpoint.save_contents+=hf_model",
+        (f"{_AR}.rollout.calculate_log_probs", f"{_AR}.actor.checkpoint.save_contents"),
+        "the run's checks: the rollout's log-probs and each step's weights (verl_ext.cpu.logprob_check)",
+    ),
+    CpuChange(
+        "agent.num_workers=1, reward.num_workers=1, one TransferQueue storage unit",
+        (
+            f"{_AR}.rollout.agent.num_workers",
+            "reward.num_workers",
+            "transfer_queue.backend.SimpleStorage.num_data_storage_units",
+        ),
+        "memory: verl starts 8 of each (~10 GB)",
+    ),
+    CpuChange(
+        "reward: verl_ext.cpu.reward.separating_score",
+        ("reward.custom_reward_function.path", "reward.custom_reward_function.name"),
+        "tiny model: a random model never writes \\boxed{}",
+    ),
+    CpuChange(
+        "trainer.val_before_train=false, trainer.resume_mode=auto",
+        ("trainer.val_before_train", "trainer.resume_mode"),
+        "time; the resumed part finds the checkpoint",
+    ),
+    CpuChange(
+        "MUPO: mupo.embedding.backend=hashing, mupo.min_size=2n/3",
+        ("mupo.embedding.backend", "mupo.min_size"),
+        "no embedding model is served on the CPU; k groups of min_size fit 2n responses",
+    ),
 )
 
 # vLLM's CPU backend reads these in its engine process (Ray env values are strings).
@@ -224,8 +323,14 @@ def launcher_for(method: str) -> str:
 
 
 def vllm_launcher_env(
-    paths: dict, run_dir: str, *, method: str = "diva", questions: int = 2, rollout_n: int = 4,
-    response_length: int = 24, lr: float = 1e-3,
+    paths: dict,
+    run_dir: str,
+    *,
+    method: str = "diva",
+    questions: int = 2,
+    rollout_n: int = 4,
+    response_length: int = 24,
+    lr: float = 1e-3,
 ) -> dict[str, str]:
     """The GPU launcher's variables for the CPU run (see :data:`VLLM_CPU_CHANGES`): DIVA gets ``rollout_n``
     responses for each of its 2 prompts per question, the other methods ``2 * rollout_n`` for their one."""
@@ -241,6 +346,7 @@ def vllm_launcher_env(
         "MAX_RESPONSE_LENGTH": str(response_length),
         "MAX_PIXELS": str(MAX_PIXELS),
         "LR": str(lr),
+        "TOTAL_EPOCHS": "100",
         "SAVE_FREQ": "1",
         "TEST_FREQ": "-1",
         "CKPT_DIR": os.path.join(run_dir, "checkpoints"),
@@ -248,6 +354,19 @@ def vllm_launcher_env(
         # Empty: verl's file logger writes <VERL_FILE_LOGGER_ROOT>/<project>/<experiment>.jsonl, one per part.
         "METRICS_LOG": "",
     }
+
+
+def vllm_engine_overrides() -> list[str]:
+    """What vLLM's CPU build needs of verl's vLLM rollout (see :data:`VLLM_CPU_CHANGES`); the rollout name is
+    verl's default, ``vllm``."""
+    return [
+        "actor_rollout_ref.rollout.dtype=float32",
+        "actor_rollout_ref.rollout.enforce_eager=true",
+        "+actor_rollout_ref.rollout.enable_sleep_mode=false",
+        "actor_rollout_ref.rollout.free_cache_engine=false",
+        "actor_rollout_ref.rollout.max_num_seqs=16",
+        f"+actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls={VLLM_WORKER_EXTENSION}",
+    ]
 
 
 def vllm_cpu_overrides(*, method: str = "diva", steps: int = 3, rollout_n: int = 4) -> list[str]:
@@ -260,7 +379,6 @@ def vllm_cpu_overrides(*, method: str = "diva", steps: int = 3, rollout_n: int =
         *extra,
         "trainer.device=cpu",
         f"trainer.total_training_steps={steps}",
-        "trainer.total_epochs=100",
         "trainer.val_before_train=false",
         "trainer.resume_mode=auto",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
@@ -276,12 +394,7 @@ def vllm_cpu_overrides(*, method: str = "diva", steps: int = 3, rollout_n: int =
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
         "data.dataloader_num_workers=0",
-        "actor_rollout_ref.rollout.dtype=float32",
-        "actor_rollout_ref.rollout.enforce_eager=true",
-        "+actor_rollout_ref.rollout.enable_sleep_mode=false",
-        "actor_rollout_ref.rollout.free_cache_engine=false",
-        "actor_rollout_ref.rollout.max_num_seqs=16",
-        f"+actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls={VLLM_WORKER_EXTENSION}",
+        *vllm_engine_overrides(),
         "actor_rollout_ref.rollout.calculate_log_probs=true",
         "actor_rollout_ref.rollout.agent.num_workers=1",
         "reward.num_workers=1",
@@ -289,6 +402,21 @@ def vllm_cpu_overrides(*, method: str = "diva", steps: int = 3, rollout_n: int =
         "reward.custom_reward_function.path=pkg://verl_ext.cpu.reward",
         "reward.custom_reward_function.name=separating_score",
     ]
+
+
+def _reward_overrides(reward: str) -> list[str]:
+    if reward == "separating":
+        # A random model never writes \boxed{}: a reward that separates its responses (verl_ext.cpu.reward).
+        return [
+            "reward.custom_reward_function.path=pkg://verl_ext.cpu.reward",
+            "reward.custom_reward_function.name=separating_score",
+        ]
+    if reward == "paper":
+        return [
+            "reward.custom_reward_function.path=pkg://verl_ext.reward",
+            "reward.custom_reward_function.name=compute_score",
+        ]
+    raise ValueError(f"reward={reward!r}: expected 'separating' (random model) or 'paper' (verl_ext.reward)")
 
 
 def runtime_env(run_dir: str, repo_root: str) -> dict:
@@ -323,7 +451,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ray-init", action="store_true", help="the entry point starts Ray itself")
     parser.add_argument("--runtime-env-out", default=None, help="write the job's Ray runtime env (yaml) here")
     parser.add_argument(
-        "--rollout", default=ROLLOUT_NAME, choices=(ROLLOUT_NAME, "vllm"),
+        "--rollout",
+        default=ROLLOUT_NAME,
+        choices=(ROLLOUT_NAME, "vllm"),
         help="hf_cpu (default) or vllm: verl's vLLM rollout through the method's GPU launcher",
     )
     parser.add_argument("--launcher-env-out", default=None, help="--rollout vllm: write the launcher's variables here")

