@@ -157,3 +157,38 @@ def test_module_entry_point(runs, tmp_path):
     )
     assert out.returncode == 0, out.stderr
     assert (tmp_path / "m" / "report.md").exists()
+
+
+def test_cpu_run_folder_and_its_resumed_part_are_one_run(tmp_path):
+    """A tiny_cpu.sh run folder: verl's file logger under metrics/<project>/, the resumed part in its own file."""
+    run_dir = tmp_path / "run_1"
+    metrics = run_dir / "metrics" / "diva_grpo"
+    first = write_log(metrics / "tiny_cpu_diva.jsonl", [(s, {"diva/collapse_rate/local": 0.1 * s}) for s in (1, 2)])
+    resumed = write_log(metrics / "tiny_cpu_diva_resumed.jsonl", [(3, {"diva/collapse_rate/local": 0.3})])
+    assert sorted(load_run(run_dir).log.steps) == [1, 2, 3]
+    # The two files given one by one: still one run, merged in write order.
+    out = tmp_path / "report"
+    assert main([str(first), str(resumed), "--output", str(out)]) == 0
+    collapse = drawn(out)["collapse_rate.png"]
+    assert [(s["run"], s["steps"]) for s in collapse] == [("tiny_cpu_diva", [1, 2, 3])]
+    # A resumed part given without its first part, and unrelated files, stay runs of their own.
+    other = write_log(tmp_path / "other.jsonl", [(1, {"grpo/collapse_rate": 0.5})])
+    assert main([str(resumed), str(other), "--output", str(out)]) == 0
+    assert {s["run"] for s in drawn(out)["collapse_rate.png"]} == {"tiny_cpu_diva_resumed", "other"}
+
+
+def test_collapse_curves_distinguishable(runs, tmp_path):
+    """Every curve of the collapse figure has its own (colour, line style, marker); a run's local and global curves
+    differ in marker as well as line style (the legend shows a few pixels of each)."""
+    grpo, diva = runs
+    out = tmp_path / "report"
+    assert main([str(grpo), str(diva), "--output", str(out)]) == 0
+    collapse = drawn(out)["collapse_rate.png"]
+    styles = [(tuple(s["style"]["color"]), s["style"]["linestyle"], s["style"]["marker"]) for s in collapse]
+    assert len(styles) == 3 and len(set(styles)) == 3
+    local, global_ = (
+        next(s["style"] for s in collapse if s["run"] == "diva" and s["label"].endswith(kind))
+        for kind in ("local", "global")
+    )
+    assert local["color"] == global_["color"] and local["marker"] != global_["marker"]
+    assert local["linestyle"] != global_["linestyle"]

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from verl_ext.report.logs import ReportError
-from verl_ext.report.run import Run, load_run, unique_names
+from verl_ext.report.run import Run, group_resumed, load_run, unique_names
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,11 +65,15 @@ def render_report(runs: list[Run], output: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    names = [n.strip() for n in args.names.split(",")] if args.names else [None] * len(args.runs)
+    # A metrics file and its resumed part (x.jsonl, x_resumed.jsonl) are one run.
+    groups = group_resumed(args.runs)
+    names = [n.strip() for n in args.names.split(",")] if args.names else [None] * len(groups)
     try:
-        if len(names) != len(args.runs):
-            raise ReportError(f"--names gives {len(names)} names for {len(args.runs)} runs")
-        runs = [load_run(path, name) for path, name in zip(args.runs, names, strict=True)]
+        if len(names) != len(groups):
+            raise ReportError(f"--names gives {len(names)} names for {len(groups)} runs")
+        runs = [
+            load_run(group if len(group) > 1 else group[0], name) for group, name in zip(groups, names, strict=True)
+        ]
     except ReportError as err:
         print(f"diva-report: error: {err}", file=sys.stderr)
         return 2

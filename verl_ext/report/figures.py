@@ -23,6 +23,9 @@ from verl_ext.report.run import Run  # noqa: E402
 
 STEP_LABEL = "training step"
 LINE_STYLES = ("-", "--", ":", "-.")
+# One marker per metric of a run (a collapse figure's local and global curves): the legend's samples are short,
+# and a dashed line with the same colour and marker as a solid one cannot be told apart there.
+MARKERS = ("o", "s", "^", "D", "v", "P")
 MAX_LABEL = 48
 MAX_TITLE_NAME = 30  # run names in panel titles: two panels side by side must both fit
 MAX_TICKS = 12
@@ -37,22 +40,24 @@ def _short(text: str, limit: int = MAX_LABEL) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _record(plotted: list, panel: str, run: Run, label: str, steps, values) -> None:
-    plotted.append(
-        {
-            "panel": panel,
-            "run": run.name,
-            "label": label,
-            "steps": [int(s) for s in steps],
-            "values": [float(v) for v in values],
-        }
-    )
+def _record(plotted: list, panel: str, run: Run, label: str, steps, values, style: dict | None = None) -> None:
+    entry = {
+        "panel": panel,
+        "run": run.name,
+        "label": label,
+        "steps": [int(s) for s in steps],
+        "values": [float(v) for v in values],
+    }
+    if style is not None:
+        entry["style"] = {key: (list(value) if isinstance(value, tuple) else value) for key, value in style.items()}
+    plotted.append(entry)
 
 
-def _line(ax, steps, values, **style) -> None:
-    # One point alone would be an invisible line: always mark the points of short series.
-    marker = "o" if len(steps) <= 30 else None
-    ax.plot(steps, values, marker=marker, markersize=3.5, linewidth=1.6, **style)
+def _line(ax, steps, values, marker: str = "o", **style) -> None:
+    # One point alone would be an invisible line: always mark the points of short series; long series show
+    # every n-th marker, so that the curve's marker still names it.
+    every = max(1, len(steps) // 30)
+    ax.plot(steps, values, marker=marker, markevery=every, markersize=4, linewidth=1.6, **style)
 
 
 def _finish_axes(ax, ylabel: str, title: str, legend: bool = True) -> None:
@@ -75,14 +80,16 @@ def collapse_figure(runs: list[Run]):
     for r, (run, keys) in enumerate(per_run):
         for k, key in enumerate(keys):
             steps, values = S.series(run.log, key)
-            if len(runs) == 1:
-                style = {"color": _colour(k), "linestyle": "-"}
-                label = key
-            else:
-                style = {"color": _colour(r), "linestyle": LINE_STYLES[k % len(LINE_STYLES)]}
-                label = f"{_short(run.name)}: {key}"
+            # Each curve its own (colour, line style, marker): a run's colour (one run: a colour per key), and a
+            # line style and marker per key, so a run's local and global curves differ in the legend too.
+            style = {
+                "color": _colour(k if len(runs) == 1 else r),
+                "linestyle": LINE_STYLES[k % len(LINE_STYLES)],
+                "marker": MARKERS[k % len(MARKERS)],
+            }
+            label = key if len(runs) == 1 else f"{_short(run.name)}: {key}"
             _line(ax, steps, values, label=label, **style)
-            _record(plotted, "collapse rate", run, key, steps, values)
+            _record(plotted, "collapse rate", run, key, steps, values, style)
     ax.set_ylim(-0.03, 1.03)
     _finish_axes(ax, "collapse rate (share of groups, all rewards equal)", "Advantage collapse rate per step")
     return fig, plotted
@@ -206,7 +213,7 @@ def training_figure(runs: list[Run]):
             if key is None:
                 continue
             steps, values = S.series(run.log, key)
-            _line(ax, steps, values, color=_colour(r), label=_short(run.name))
+            _line(ax, steps, values, color=_colour(r), marker=MARKERS[r % len(MARKERS)], label=_short(run.name))
             _record(plotted, title, run, key, steps, values)
         _finish_axes(ax, ylabel, title, legend=len(runs) > 1)
     return fig, plotted
@@ -230,7 +237,7 @@ def validation_figure(runs: list[Run]):
             if benchmark not in found:
                 continue
             steps, values = found[benchmark]
-            _line(ax, steps, values, color=_colour(r), label=_short(run.name))
+            _line(ax, steps, values, color=_colour(r), marker=MARKERS[r % len(MARKERS)], label=_short(run.name))
             _record(plotted, benchmark, run, benchmark, steps, values)
         if len(runs) > 1 and benchmark in per_run[0] and per_run[0][benchmark][1].size:
             # The target of the steps-to-best comparison: the baseline's best score.

@@ -2,9 +2,13 @@
 
 A run is given as a folder or as one metrics log file:
 
-- metrics logs: the verl file-logger JSONL files directly in the folder or in its ``logs/`` subfolder (the
-  launcher writes ``<CKPT_DIR>/logs/metrics_<time>.jsonl``; the CPU preflight writes them in its work folder).
+- metrics logs: the verl file-logger JSONL files directly in the folder, in its ``logs/`` subfolder (the
+  launcher writes ``<CKPT_DIR>/logs/metrics_<time>.jsonl``; the CPU preflight writes them in its work folder) or
+  in ``metrics/<project>/`` (verl's ``VERL_FILE_LOGGER_ROOT`` layout, which the CPU runs use:
+  ``<experiment>.jsonl`` and, after a resume, ``<experiment>_resumed.jsonl``). All of them are one run, merged.
   Other ``.jsonl`` files (quarantines, rollout dumps) are recognised by their first line and ignored.
+- metrics files given one by one: a file and its resumed part (``x.jsonl`` and ``x_resumed.jsonl``, as
+  :mod:`verl_ext.cpu.session` names them) given together are one run (:func:`group_resumed`).
 - difficulty states: ``global_step_N/diva_difficulty.json`` in the folder or in its ``checkpoints/`` subfolder.
   A log file given alone reads the states of its folder the same way.
 """
@@ -17,7 +21,8 @@ from pathlib import Path
 from verl_ext.report.logs import MetricLog, ReportError, is_metric_log, merge_logs
 from verl_ext.report.states import DifficultyStates, read_states
 
-LOG_SUBDIRS = ("", "logs")
+LOG_SUBDIRS = ("", "logs", "metrics/*")
+RESUMED_SUFFIX = "_resumed"  # verl_ext.cpu.session.RESUMED_SUFFIX (kept free of that module's imports)
 
 
 @dataclass
@@ -33,21 +38,50 @@ def metric_log_files(run_dir: Path) -> tuple[list[Path], list[Path]]:
     """``(logs, other_jsonl)`` found in ``run_dir`` and ``run_dir/logs``."""
     logs, others = [], []
     for sub in LOG_SUBDIRS:
-        base = run_dir / sub if sub else run_dir
-        if base.is_dir():
-            for path in sorted(base.glob("*.jsonl")):
-                (logs if is_metric_log(path) else others).append(path)
+        for base in sorted(run_dir.glob(sub)) if sub else [run_dir]:
+            if base.is_dir():
+                for path in sorted(base.glob("*.jsonl")):
+                    (logs if is_metric_log(path) else others).append(path)
     return logs, others
 
 
-def load_run(path: str | Path, name: str | None = None) -> Run:
-    """Read one run. Raises :class:`ReportError` when there is no metrics log or a log line is malformed."""
-    path = Path(path)
-    if not path.exists():
-        raise ReportError(f"run {path} does not exist (give a run folder or a metrics .jsonl file)")
+def group_resumed(paths: list[Path]) -> list[list[Path]]:
+    """The runs among ``paths``: a ``.jsonl`` file joined by its ``<stem>_resumed*.jsonl`` parts given with it (in
+    the same folder), every other path alone; order of first appearance."""
+    groups: list[list[Path]] = []
+    by_base: dict[Path, list[Path]] = {}
+    files = {p.resolve() for p in paths if p.suffix == ".jsonl"}
+    for path in paths:
+        base = None
+        if path.suffix == ".jsonl" and RESUMED_SUFFIX in path.stem:
+            candidate = path.with_name(path.stem.split(RESUMED_SUFFIX, 1)[0] + ".jsonl")
+            base = candidate.resolve() if candidate.resolve() in files else None
+        if base is not None:
+            if base not in by_base:
+                by_base[base] = []
+                groups.append(by_base[base])
+            by_base[base].append(path)
+        elif path.suffix == ".jsonl" and path.resolve() in by_base:
+            by_base[path.resolve()].insert(0, path)
+        else:
+            group = [path]
+            if path.suffix == ".jsonl":
+                by_base[path.resolve()] = group
+            groups.append(group)
+    return groups
+
+
+def load_run(path: str | Path | list, name: str | None = None) -> Run:
+    """Read one run (a folder, a log file, or a log file with its resumed parts as a list). Raises
+    :class:`ReportError` when there is no metrics log or a log line is malformed."""
+    parts = [Path(p) for p in path] if isinstance(path, list) else [Path(path)]
+    path = parts[0]
+    for part in parts:
+        if not part.exists():
+            raise ReportError(f"run {part} does not exist (give a run folder or a metrics .jsonl file)")
     notes: list[str] = []
     if path.is_file():
-        logs, folder = [path], path.parent
+        logs, folder = parts, path.parent
     else:
         folder = path
         logs, others = metric_log_files(folder)
