@@ -1,4 +1,5 @@
-"""``diva-prep`` command line: ``convert``, ``variants``, ``validate``, ``synth`` (see ``diva-prep <cmd> --help``).
+"""``diva-prep`` command line: ``convert``, ``variants``, ``validate``, ``synth``, ``swatch``, ``entropy``
+(see ``diva-prep <cmd> --help``).
 
 Exit status: 0 success; 1 the data failed (too many bad rows, validation errors, unfinished variant tasks);
 2 bad arguments or unusable input (the message says which file, column or argument and what to do).
@@ -16,6 +17,7 @@ from data_prep.layouts import LAYOUT_NAMES
 
 EXAMPLES = """examples:
   diva-prep synth --output synth.parquet --n 64
+  diva-prep swatch --output swatch.parquet --n 32
   diva-prep convert --input geometry3k/data --layout geometry3k --output g3k_train.parquet --split train
   diva-prep variants --input g3k_train.parquet --output g3k_train_v.parquet --model Qwen/Qwen2.5-VL-72B-Instruct \\
       --base-url http://localhost:8000/v1 --concurrency 64
@@ -101,6 +103,21 @@ def _add_synth(subparsers) -> None:
     parser.add_argument("--split", default="train")
 
 
+def _add_swatch(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "swatch",
+        help="write colour-swatch questions a tiny model can learn (the CPU comparison's task)",
+        description="One coloured square per 84 x 84 image; the answer is the number its colour stands for. "
+        "Hardness (square size, fading) is drawn per row or fixed; hints, paraphrases and image perturbations "
+        "make DIVA's variants meaningful for it (data_prep/swatch.py).",
+    )
+    parser.add_argument("--output", required=True, type=Path)
+    parser.add_argument("--n", type=int, required=True, help="number of rows")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--split", default="train")
+    parser.add_argument("--hardness", type=float, default=None, help="fixed hardness in [0, 1] (default: uniform)")
+
+
 def _add_entropy(subparsers) -> None:
     parser = subparsers.add_parser(
         "entropy",
@@ -141,12 +158,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log retries and cache details")
     subparsers = parser.add_subparsers(
-        dest="command", required=True, metavar="{convert,variants,validate,synth,entropy}"
+        dest="command", required=True, metavar="{convert,variants,validate,synth,swatch,entropy}"
     )
     _add_convert(subparsers)
     _add_variants(subparsers)
     _add_validate(subparsers)
     _add_synth(subparsers)
+    _add_swatch(subparsers)
     _add_entropy(subparsers)
     return parser
 
@@ -212,6 +230,18 @@ def _synth(args) -> int:
     return 0
 
 
+def _swatch(args) -> int:
+    from data_prep.swatch import swatch
+
+    if args.n < 1:
+        raise PrepError(f"--n must be at least 1, got {args.n}")
+    if args.hardness is not None and not 0.0 <= args.hardness <= 1.0:
+        raise PrepError(f"--hardness must be in [0, 1], got {args.hardness}")
+    rows = swatch(args.output, args.n, args.seed, args.split, args.hardness)
+    print(f"wrote {rows} swatch rows to {args.output}")
+    return 0
+
+
 def _entropy(args) -> int:
     from data_prep.entropy import EntropyOptions, run_entropy
 
@@ -234,7 +264,14 @@ def _entropy(args) -> int:
     return 1 if summary.failed else 0
 
 
-COMMANDS = {"convert": _convert, "variants": _variants, "validate": _validate, "synth": _synth, "entropy": _entropy}
+COMMANDS = {
+    "convert": _convert,
+    "variants": _variants,
+    "validate": _validate,
+    "synth": _synth,
+    "swatch": _swatch,
+    "entropy": _entropy,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
