@@ -203,3 +203,15 @@ def test_shared_memory_clean_cli(tmp_path):
     seg.close()
     out = subprocess.run([*run, "clean", str(mark)], check=True, capture_output=True, text=True)
     assert f"removed 1 shared-memory segment(s) the run left in /dev/shm: {seg.name.lstrip('/')}" in out.stdout
+
+
+def test_vllm_rollout_without_vllm_fails_at_once_naming_the_setup_script():
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM imports in this environment")
+    env = {**os.environ, "ROLLOUT": "vllm", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    out = subprocess.run(["bash", "run_scripts/tiny_cpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 2
+    assert "ROLLOUT=vllm needs vLLM's CPU build" in out.stderr and "run_scripts/setup_vllm_cpu.sh" in out.stderr
