@@ -35,7 +35,8 @@ def compute(inputs: AdvantageInputs, config: DivaConfig) -> AdvantageResult:
 
 
 def _metrics(inputs: AdvantageInputs, advantages, question_ids: np.ndarray) -> dict:
-    """``diva/*`` metrics: collapse rates of both group kinds, advantage statistics, the variant mix."""
+    """``diva/*`` metrics: collapse rates of both group kinds, advantage statistics, the variant mix, and (when the
+    reward returns ``acc``) accuracy per variant kind and the difficulty of solved and failed questions."""
     scores = inputs.scores
     infos = inputs.extra_info
     kinds = Counter(info.get("variant_kind", "original") for info in infos)
@@ -48,6 +49,51 @@ def _metrics(inputs: AdvantageInputs, advantages, question_ids: np.ndarray) -> d
         "diva/variant_fallbacks": sum(1 for info in infos if info.get("variant_fallback")),
     }
     out.update({f"diva/variant_mix/{kind}": count / total for kind, count in sorted(kinds.items())})
+    accuracy = inputs.reward_values("acc")
+    if accuracy is not None:
+        out.update(variant_accuracy_metrics(np.asarray(accuracy, dtype=np.float64), infos, question_ids))
+    return out
+
+
+def variant_accuracy_metrics(accuracy: np.ndarray, infos: list[dict], question_ids: np.ndarray) -> dict:
+    """What the variants do to accuracy and how the difficulty table follows it, for one step's ``R`` responses.
+
+    * ``diva/accuracy/<kind>``: mean accuracy of the responses to prompts of that variant kind, and
+      ``diva/accuracy/<kind>/responses`` their number (to average over a run, weighted);
+    * ``diva/accuracy_gap/<kind>`` (kinds other than ``original``): over the step's questions that drew the kind,
+      the mean of (accuracy on the variant - accuracy on the same question's original): the variant's effect with
+      the question held fixed (hints go to hard questions and perturbations to easy ones, so the per-kind means
+      alone compare different questions);
+    * ``diva/difficulty/solved_mean`` / ``failed_mean``: mean difficulty the step's questions were planned with,
+      over those answered correctly by more / less than half of their responses (original and variants), that is
+      where the difficulty table had put them from their earlier accuracy.
+    """
+    kinds = np.array([info.get("variant_kind", "original") for info in infos], dtype=object)
+    out: dict[str, float] = {}
+    for kind in sorted(set(kinds.tolist())):
+        chosen = kinds == kind
+        out[f"diva/accuracy/{kind}"] = float(accuracy[chosen].mean())
+        out[f"diva/accuracy/{kind}/responses"] = float(chosen.sum())
+    gaps: dict[str, list[float]] = {}
+    solved, failed = [], []
+    planned = np.array([float(info.get("question_difficulty", np.nan)) for info in infos])
+    for qid in dict.fromkeys(question_ids.tolist()):
+        mine = question_ids == qid
+        original = mine & (kinds == "original")
+        for kind in set(kinds[mine].tolist()) - {"original"}:
+            if original.any():
+                gaps.setdefault(kind, []).append(
+                    float(accuracy[mine & (kinds == kind)].mean() - accuracy[original].mean())
+                )
+        alpha = float(accuracy[mine].mean())
+        difficulty = float(planned[mine][0])
+        if np.isfinite(difficulty) and alpha != 0.5:
+            (solved if alpha > 0.5 else failed).append(difficulty)
+    out.update({f"diva/accuracy_gap/{kind}": float(np.mean(values)) for kind, values in sorted(gaps.items())})
+    if solved:
+        out["diva/difficulty/solved_mean"] = float(np.mean(solved))
+    if failed:
+        out["diva/difficulty/failed_mean"] = float(np.mean(failed))
     return out
 
 
