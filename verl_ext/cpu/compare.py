@@ -1,0 +1,320 @@
+"""Every method side by side on a task the tiny CPU model can learn: ``run_scripts/compare_tiny.sh`` runs this.
+
+From one warm start (:func:`verl_ext.cpu.launch.prepare_swatch`: the tiny Qwen2-VL supervised on ``diva-prep
+swatch`` data until its greedy validation accuracy is in 20-60%), each method trains for the same number of steps,
+with the same seed, data and responses per question (``2 n``: DIVA as original + 1 variant x ``n``, the others as
+1 prompt x ``2 n``), each as its own Ray job through the launchers' ``run_scripts/_submit.sh`` (verl's trainer,
+FSDP2 worker, ``hf_cpu`` rollout, the project's reward :func:`verl_ext.reward.compute_score`), validating before
+training and every ``test_freq`` steps (greedy). Then ``diva-report`` over all runs (GRPO first: the baseline)
+into ``OUT/report/``, and ``OUT/comparison.json``::
+
+    {"warm_start": {"val_accuracy": a},
+     "methods": {"<adv_estimator>": {"val_accuracy": [[step, acc], ...],
+                                     "zero_advantage_fraction": [[step, f], ...], "steps": n,
+                                     "minutes": m,
+                                     # diva_grpo only:
+                                     "difficulty_mean": [[step, d], ...],
+                                     "accuracy_by_variant": {"<kind>": acc, ...},
+                                     "accuracy_gap_by_variant": {"<kind>": gap, ...},
+                                     "difficulty_of_solved": d1, "difficulty_of_failed": d2}},
+     "claims": {...}}
+
+``zero_advantage_fraction`` is ``<prefix>/advantage/zero_fraction`` (every method logs it): the step's responses
+whose advantage is 0 on every token. ``accuracy_by_variant`` is the training accuracy of each variant kind over the
+run (weighted by responses); ``accuracy_gap_by_variant`` the mean, over questions, of variant minus original
+accuracy in the same step (:func:`verl_ext.methods.diva.variant_accuracy_metrics`). ``claims`` checks what the
+issue asks the comparison to show (:func:`claims`); a claim that fails is reported as failed, never hidden.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ALL_METHODS = ("grpo", "diva_grpo", "avspo", "codapo", "durian", "pgpo", "mupo")
+QUICK_METHODS = ("grpo", "diva_grpo")
+# Sampling temperature of the training rollouts. The warm start stops as soon as its greedy accuracy reaches the
+# target, when the tiny byte-level policy is still unsure of every one of the answer's ~27 tokens: at 1.0 almost no
+# sampled answer keeps the format (measured: 0% accurate, 3% well-formed, against 38% accurate at 0.5, as greedy),
+# GRPO's groups all score 0 and the updates only add noise. Every method samples at the same temperature.
+ROLLOUT_TEMPERATURE = 0.5
+# Learning rate of every method (AdamW, verl's actor optimiser); the tiny CPU runs' 1e-3 moved this policy into
+# high-entropy noise within 8 steps.
+RL_LR = 5e-4
+
+
+# The learnable task (data_prep.swatch): enough validation questions that 10 points of accuracy are 3 questions.
+SWATCH_TRAIN_QUESTIONS = 32
+SWATCH_VAL_QUESTIONS = 32
+SWATCH_RESPONSE_LENGTH = 32  # "<think>yellow</think>\boxed{4}" and the end token fit
+
+
+def prepare_swatch(workdir: str, seed: int = 0, target: float = 0.3) -> dict:
+    """The learnable CPU task: the tiny model warm-started (:mod:`verl_ext.cpu.warm_start`) on ``diva-prep swatch``
+    data, under ``workdir`` (reused when present). Returns the paths (``model`` is the warm-started one) and
+    ``warm_start`` (its state: validation accuracy, steps)."""
+    from data_prep.swatch import swatch
+    from verl_ext.cpu.tiny_model import build_tiny_qwen2_vl
+    from verl_ext.cpu.warm_start import warm_start
+
+    os.makedirs(workdir, exist_ok=True)
+    base = os.path.join(workdir, "tiny_qwen2_vl")
+    paths = {
+        "model": os.path.join(workdir, f"warm_start_seed{seed}"),
+        "train": os.path.join(workdir, f"swatch_train_seed{seed}.parquet"),
+        "val": os.path.join(workdir, f"swatch_val_seed{seed}.parquet"),
+    }
+    build_tiny_qwen2_vl(base, seed=seed)
+    if not os.path.exists(paths["train"]):
+        swatch(paths["train"], SWATCH_TRAIN_QUESTIONS, seed=2 * seed, split="train")
+    if not os.path.exists(paths["val"]):
+        swatch(paths["val"], SWATCH_VAL_QUESTIONS, seed=2 * seed + 1, split="test")
+    state = warm_start(base, paths["train"], paths["val"], paths["model"], target=target, seed=seed)
+    return {**paths, "warm_start": {k: v for k, v in state.items() if k != "settings"}}
+
+
+def method_run(
+    method: str, paths: dict, out: Path, *, steps: int, test_freq: int, seed: int, questions: int, rollout_n: int
+) -> dict:
+    """Train ``method`` into ``out/<method>`` with the launchers' submit script; returns its wall time."""
+    from verl_ext.cpu.launch import cpu_overrides, runtime_env
+
+    run_dir = out / method
+    run_dir.mkdir(parents=True, exist_ok=True)
+    args = cpu_overrides(
+        paths,
+        str(run_dir / "checkpoints"),
+        method=method,
+        steps=steps,
+        save_freq=test_freq,
+        questions=questions,
+        rollout_n=rollout_n,
+        response_length=SWATCH_RESPONSE_LENGTH,
+        experiment=f"compare_{method}",
+        ray_init=False,
+        reward="paper",
+        test_freq=test_freq,
+        seed=seed,
+        lr=RL_LR,
+    )
+    args.append(f"actor_rollout_ref.rollout.temperature={ROLLOUT_TEMPERATURE}")
+    import yaml
+
+    env_file = run_dir / "runtime_env.yaml"
+    env_file.write_text(yaml.safe_dump(runtime_env(str(run_dir), str(REPO_ROOT)), sort_keys=False))
+    env = {
+        **os.environ,
+        "CPU_E2E": "1",
+        "DIVA_RUNTIME_ENV": str(env_file),
+        "VERL_PLATFORM": "cpu",
+        "VERL_ENGINE_DEVICE": "cuda",
+        "DIVA_LAUNCHER": "run_scripts/compare_tiny.sh",
+    }
+    env.pop("RAY_ADDRESS", None)
+    started = time.perf_counter()
+    with open(run_dir / "train.log", "w") as log:
+        proc = subprocess.run(
+            ["bash", str(REPO_ROOT / "run_scripts" / "_submit.sh"), *args],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    seconds = time.perf_counter() - started
+    if proc.returncode != 0:
+        tail = (run_dir / "train.log").read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{method}: training failed (exit {proc.returncode}); {run_dir / 'train.log'} ends:\n{tail}")
+    return {"seconds": seconds}
+
+
+def _pairs(log, key: str) -> list[list]:
+    from verl_ext.report.series import series
+
+    steps, values = series(log, key)
+    return [[int(s), round(float(v), 6)] for s, v in zip(steps, values, strict=True)]
+
+
+def method_entry(method: str, run_dir: Path) -> dict:
+    """The comparison entry of one method, from its run folder's merged metrics log."""
+    from verl_ext.methods import get_method
+    from verl_ext.report.run import load_run
+    from verl_ext.report.series import validation_series
+
+    log = load_run(run_dir).log
+    found = validation_series(log)
+    if len(found) != 1:
+        raise ValueError(f"{run_dir}: expected one validation benchmark in the metrics, found {sorted(found)}")
+    (val_steps, val_values) = next(iter(found.values()))
+    prefix = get_method(method).prefix
+    zero_key = f"{prefix}/advantage/zero_fraction"
+    trained = [s for s, values in log.steps.items() if "actor/pg_loss" in values]
+    entry = {
+        "val_accuracy": [[int(s), round(float(v), 6)] for s, v in zip(val_steps, val_values, strict=True)],
+        "zero_advantage_fraction": _pairs(log, zero_key),
+        "steps": len(trained),
+    }
+    if not entry["zero_advantage_fraction"]:
+        raise ValueError(f"{run_dir}: {method} logged no {zero_key}")
+    if method == "diva_grpo":
+        entry["difficulty_mean"] = _pairs(log, "diva/difficulty/mean")
+        entry.update(_variant_figures(log))
+    return entry
+
+
+def _variant_figures(log) -> dict:
+    accuracy, responses, gaps = {}, {}, {}
+    solved, failed = [], []
+    for values in log.steps.values():
+        for key, value in values.items():
+            if key.startswith("diva/accuracy/") and not key.endswith("/responses"):
+                kind = key[len("diva/accuracy/") :]
+                count = values.get(f"{key}/responses", 0.0)
+                accuracy[kind] = accuracy.get(kind, 0.0) + value * count
+                responses[kind] = responses.get(kind, 0.0) + count
+            elif key.startswith("diva/accuracy_gap/"):
+                gaps.setdefault(key[len("diva/accuracy_gap/") :], []).append(value)
+        if "diva/difficulty/solved_mean" in values:
+            solved.append(values["diva/difficulty/solved_mean"])
+        if "diva/difficulty/failed_mean" in values:
+            failed.append(values["diva/difficulty/failed_mean"])
+    mean = lambda xs: round(sum(xs) / len(xs), 6) if xs else None  # noqa: E731
+    return {
+        "accuracy_by_variant": {k: round(accuracy[k] / responses[k], 6) for k in sorted(accuracy) if responses[k]},
+        "responses_by_variant": {k: int(responses[k]) for k in sorted(responses) if responses[k]},
+        "accuracy_gap_by_variant": {k: mean(v) for k, v in sorted(gaps.items())},
+        "difficulty_of_solved": mean(solved),
+        "difficulty_of_failed": mean(failed),
+    }
+
+
+def _mean_second(pairs: list[list]) -> float | None:
+    return sum(v for _, v in pairs) / len(pairs) if pairs else None
+
+
+def claims(comparison: dict, margin: float = 0.10) -> dict:
+    """What the comparison must show (the issue's four claims), each ``{"held": bool, ...measured}``."""
+    warm = comparison["warm_start"]["val_accuracy"]
+    methods = comparison["methods"]
+    out: dict = {}
+    best = {m: max(v for _, v in e["val_accuracy"]) for m, e in methods.items()}
+    out["best_at_least_10_points_above_warm_start"] = {
+        "held": all(b >= warm + margin - 1e-9 for b in best.values()),
+        "warm_start": warm,
+        "best": best,
+    }
+    if "grpo" in methods and "diva_grpo" in methods:
+        grpo = _mean_second(methods["grpo"]["zero_advantage_fraction"])
+        diva = _mean_second(methods["diva_grpo"]["zero_advantage_fraction"])
+        out["diva_zero_advantage_below_grpo"] = {"held": diva < grpo, "diva_grpo": diva, "grpo": grpo}
+    diva_entry = methods.get("diva_grpo")
+    if diva_entry:
+        acc, gap = diva_entry["accuracy_by_variant"], diva_entry["accuracy_gap_by_variant"]
+        perturb, hint = gap.get("image_perturb"), gap.get("hint")
+        out["image_perturb_harder_hint_easier"] = {
+            "held": perturb is not None and hint is not None and perturb < 0 < hint,
+            "accuracy_by_variant": acc,
+            "accuracy_gap_by_variant": gap,
+        }
+        solved, failed = diva_entry["difficulty_of_solved"], diva_entry["difficulty_of_failed"]
+        out["difficulty_moves_with_accuracy"] = {
+            "held": solved is not None and failed is not None and solved < failed,
+            "difficulty_of_solved": solved,
+            "difficulty_of_failed": failed,
+        }
+    return out
+
+
+def compare(
+    out: Path,
+    methods: list[str],
+    *,
+    steps: int,
+    test_freq: int,
+    seed: int = 0,
+    questions: int = 4,
+    rollout_n: int = 4,
+    workdir: Path | None = None,
+) -> dict:
+    """Warm start, train every method, write ``comparison.json`` and the report; returns the comparison."""
+    from verl_ext.methods import METHODS
+
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ValueError(f"METHODS: unknown {unknown}; the toolkit's adv_estimator names are {sorted(METHODS)}")
+    if steps < 1 or test_freq < 1:
+        raise ValueError(f"steps={steps} and test_freq={test_freq} must be at least 1")
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    paths = prepare_swatch(str(workdir or out / "work"), seed=seed)
+    print(f"[compare] warm start: validation accuracy {paths['warm_start']['val_accuracy']:.3f}", flush=True)
+    comparison: dict = {
+        "warm_start": {"val_accuracy": paths["warm_start"]["val_accuracy"], "steps": paths["warm_start"]["steps"]},
+        "settings": {
+            "steps": steps,
+            "test_freq": test_freq,
+            "seed": seed,
+            "questions_per_step": questions,
+            "responses_per_question": 2 * rollout_n,
+            "methods": methods,
+        },
+        "methods": {},
+    }
+    for method in methods:
+        print(f"[compare] {method}: training {steps} steps", flush=True)
+        timing = method_run(
+            method, paths, out, steps=steps, test_freq=test_freq, seed=seed, questions=questions, rollout_n=rollout_n
+        )
+        entry = method_entry(method, out / method)
+        entry["minutes"] = round(timing["seconds"] / 60, 2)
+        comparison["methods"][method] = entry
+        print(f"[compare] {method}: validation {entry['val_accuracy']} ({entry['minutes']} min)", flush=True)
+    comparison["claims"] = claims(comparison)
+    comparison["minutes"] = round((time.perf_counter() - started) / 60, 2)
+    (out / "comparison.json").write_text(json.dumps(comparison, indent=1))
+    report = [
+        sys.executable,
+        "-m",
+        "verl_ext.report",
+        *[str(out / m) for m in methods],
+        "--output",
+        str(out / "report"),
+    ]
+    subprocess.run(report, check=True, cwd=REPO_ROOT)
+    return comparison
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=Path, help="output folder (runs, report/, comparison.json)")
+    parser.add_argument("--methods", default=" ".join(ALL_METHODS), help="adv_estimator names, space-separated")
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--test-freq", type=int, default=4, help="validate every this many steps (and before)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--questions", type=int, default=4, help="questions per step")
+    parser.add_argument("--rollout-n", type=int, default=4, help="responses per DIVA prompt (others: twice as many)")
+    parser.add_argument("--workdir", type=Path, default=None, help="tiny model, data and warm start (default OUT/work)")
+    args = parser.parse_args(argv)
+    methods = args.methods.split()
+    result = compare(
+        args.out,
+        methods,
+        steps=args.steps,
+        test_freq=args.test_freq,
+        seed=args.seed,
+        questions=args.questions,
+        rollout_n=args.rollout_n,
+        workdir=args.workdir,
+    )
+    print(f"[compare] wrote {args.out / 'comparison.json'} and {args.out / 'report' / 'report.md'}")
+    print(json.dumps({"claims": {k: v["held"] for k, v in result["claims"].items()}, "minutes": result["minutes"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
