@@ -96,22 +96,40 @@ def test_the_run_went_through_verls_vllm_server_and_weight_sync(run):
     assert "rollout.name" not in overrides  # verl's default, vllm, from the recipe yaml and the GPU launcher
 
 
-def test_the_check_fails_when_the_rollout_keeps_stale_weights(run):
-    """The same rollouts against the weights one update before the ones they were sampled from: the check must
-    refuse (the gap is ~0.1-0.2 per token at this learning rate, against ~2e-7 when synced)."""
-    from verl_ext.cpu.logprob_check import LogprobCheckError, check_rollout_logprobs, weights_by_step
+def test_the_check_fails_when_the_rollout_keeps_stale_weights(run, tmp_path):
+    """A rollout server one update behind, as the check would see it: step 2's record with the log-probs that the
+    weights before step 1's update give the same tokens (what a server that missed the sync reports), checked against
+    the right weights, must fail as a missed sync; the record as the run wrote it passes. Checking against the wrong
+    weights altogether fails on the actor's side first. (~0.1-0.2 per token at this learning rate, ~2e-7 synced.)"""
+    from transformers import AutoProcessor, AutoTokenizer
+
+    from verl_ext.cpu.logprob_check import (
+        LogprobCheckError,
+        check_rollout_logprobs,
+        recomputed_logprobs,
+        weights_by_step,
+    )
 
     model = str(run["workdir"] / "tiny_qwen2_vl")
+    probe = run["dir"] / "probe"
     synced = weights_by_step(model, [str(run["dir"] / "checkpoints")])
-
-    def stale(step: int) -> str:
-        return synced(step - 1)
-
-    with pytest.raises(LogprobCheckError, match="the rollout server did not get the trained weights"):
-        check_rollout_logprobs(str(run["dir"] / "probe"), stale, model, 1.0, steps=[2])
-    # and the synced weights of the same step pass
-    (gap,) = check_rollout_logprobs(str(run["dir"] / "probe"), synced, model, 1.0, steps=[2])
+    (gap,) = check_rollout_logprobs(str(probe), synced, model, 1.0, steps=[2])
     assert gap.rollout_mean < 1e-5 and gap.tokens > 0
+
+    record = torch.load(probe / "actor_inputs_step2.pt", weights_only=False)
+    stale = recomputed_logprobs(record, synced(1), AutoProcessor.from_pretrained(model),
+                                AutoTokenizer.from_pretrained(model), 1.0)
+    for i, (_, allowed) in stale.items():
+        record["rollout_log_probs"][i, : len(allowed)] = allowed
+    stale_probe = tmp_path / "probe"
+    stale_probe.mkdir()
+    torch.save(record, stale_probe / "actor_inputs_step2.pt")
+    with pytest.raises(LogprobCheckError, match="the rollout server did not get the trained weights") as err:
+        check_rollout_logprobs(str(stale_probe), synced, model, 1.0)
+    assert "step 2:" in str(err.value)
+
+    with pytest.raises(LogprobCheckError, match="the check does not recompute the actor"):
+        check_rollout_logprobs(str(probe), lambda step: synced(step - 1), model, 1.0, steps=[2])
 
 
 def test_no_shared_memory_left_behind(run):

@@ -114,12 +114,16 @@ def _response_logits(model, image_token_id: int, input_ids: torch.Tensor, mm: di
 
 
 @torch.no_grad()
-def step_gap(record: dict, weights: str, processor, tokenizer, temperature: float) -> StepGap:
-    """Both gaps of one probed step (see the module docstring) against the HF weights in ``weights``."""
+def recomputed_logprobs(
+    record: dict, weights: str, processor, tokenizer, temperature: float
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """``sample index -> (full, allowed)``: the log-probs of each recorded response token under the HF weights in
+    ``weights``, normalised over the whole vocabulary (the actor's) and over the tokens verl's vLLM sampler allows
+    (the rollout's); padding rows and empty responses are left out."""
     model = _load(weights)
     allowed = allowed_token_mask(model.config.get_text_config().vocab_size, tokenizer, processor)
     image_token_id = model.config.image_token_id
-    rollout_gaps, actor_gaps = [], []
+    out = {}
     for i, ids in enumerate(record["input_ids"]):
         if record["is_padding"][i]:
             continue
@@ -129,10 +133,18 @@ def step_gap(record: dict, weights: str, processor, tokenizer, temperature: floa
             continue
         logits = _response_logits(model, image_token_id, ids, record["multi_modal_inputs"][i], len(response))
         logits = logits[:length] / temperature
-        tokens = response[:length].long()
-        full = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
-        allowed_lp = torch.log_softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
-        allowed_lp = allowed_lp.gather(-1, tokens[:, None]).squeeze(-1)
+        tokens = response[:length].long()[:, None]
+        full = torch.log_softmax(logits, dim=-1).gather(-1, tokens).squeeze(-1)
+        allowed_lp = torch.log_softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1).gather(-1, tokens)
+        out[i] = (full, allowed_lp.squeeze(-1))
+    return out
+
+
+def step_gap(record: dict, weights: str, processor, tokenizer, temperature: float) -> StepGap:
+    """Both gaps of one probed step (see the module docstring) against the HF weights in ``weights``."""
+    rollout_gaps, actor_gaps = [], []
+    for i, (full, allowed_lp) in recomputed_logprobs(record, weights, processor, tokenizer, temperature).items():
+        length = len(full)
         rollout_gaps.append((record["rollout_log_probs"][i, :length].float() - allowed_lp).abs())
         actor_gaps.append((record["old_log_probs"][i, :length].float() - full).abs())
     if not rollout_gaps:
