@@ -65,3 +65,6 @@ if [ "$ROLLOUT" = vllm ]; then
 else
   bash "$REPO_ROOT/run_scripts/_submit.sh" "${ARGS[@]}" "$@"
 fi
+# The run folder is what diva-report reads: metrics/<project>/<experiment>.jsonl and its _resumed part (merged into
+# one run), the checkpoints' difficulty states, the validation before training and at the last step.
+echo "[cpu] report: diva-report $RUN_DIR --output $RUN_DIR/report"

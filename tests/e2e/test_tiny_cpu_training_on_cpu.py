@@ -77,7 +77,13 @@ def run(tmp_path_factory):
     for path in glob.glob(str(run_dir / "probe" / "actor_inputs_step*.pt")):
         record = torch.load(path, weights_only=False)
         records[record["step"]] = record
-    return {"dir": run_dir, "summary": summary, "records": records, "diva": diva_config_from(config.diva)}
+    return {
+        "dir": run_dir,
+        "summary": summary,
+        "records": records,
+        "diva": diva_config_from(config.diva),
+        "output": output,
+    }
 
 
 def _real_rows(record) -> list[int]:
@@ -205,3 +211,20 @@ def test_the_resumed_run_restored_difficulty_state_and_dataloader_position(run):
     # The launcher's own summary made the same difficulty check and says so.
     assert run["summary"]["steps"] == ALL_STEPS
     assert run["summary"]["questions_tracked"] == len(begin["difficulty"])
+
+
+def test_the_run_folder_is_one_validated_run_for_diva_report(run, tmp_path):
+    """The launcher prints the report command; diva-report reads the folder as one run (the resumed part merged),
+    with the validation before training and at the last step."""
+    from verl_ext.report.cli import main as report
+    from verl_ext.report.run import load_run
+    from verl_ext.report.series import validation_series
+
+    assert f"[cpu] report: diva-report {run['dir']} --output {run['dir']}/report" in run["output"]
+    loaded = load_run(run["dir"])
+    assert len(loaded.log.files) == 2  # the first part and the resumed one
+    assert set(ALL_STEPS) <= set(loaded.log.steps)
+    (val_steps, _), *_ = validation_series(loaded.log).values()
+    assert {0, STEPS, STEPS + RESUME_STEPS} <= set(val_steps.tolist())
+    assert report([str(run["dir"]), "--output", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "validation.png").exists()

@@ -74,6 +74,9 @@ class HFCpuServer:
         if attn == "flash_attention_2":
             attn = "sdpa"
         self.model, self.tokenizer, self.processor, hf_config = _load_policy(self.model_config.local_path, attn)
+        # Sampling draws from torch's generator of this process: seeded from rollout.seed (verl's seed for vLLM's
+        # sampler), one stream per replica, so that a run's seed fixes its rollouts as far as request order does.
+        torch.manual_seed(int(self.config.seed) + replica_rank)
         self.suppressed = torch.tensor(_never_sampled(hf_config), dtype=torch.long)
         self.image_token_id = getattr(hf_config, "image_token_id", None)
         # verl leaves max_model_len unset by default: a request may use the prompt plus the response budget.
