@@ -82,12 +82,17 @@ def test_trains_resumes_and_passes_the_runs_checks(run):
 
 
 def test_the_run_went_through_verls_vllm_server_and_weight_sync(run):
-    metrics = {}
+    metrics, validated = {}, set()
     for path in glob.glob(str(run["dir"] / "metrics" / "*" / "*.jsonl")):
         for line in Path(path).read_text().splitlines():
             entry = json.loads(line)
-            metrics[entry["step"]] = entry["data"]
+            if "actor/pg_loss" in entry["data"]:
+                metrics[entry["step"]] = entry["data"]
+            if any(key.startswith("val-core/") for key in entry["data"]):
+                validated.add(entry["step"])
     assert sorted(metrics) == [1, 2, 3]
+    # The GPU launcher's validation (val_before_train, val_kwargs) through vLLM: before training, at each part's end.
+    assert {0, STEPS, STEPS + RESUME_STEPS} <= validated
     for data in metrics.values():
         assert data["timing_s/update_weights"] > 0  # verl's checkpoint-engine sync ran every step
         assert data["timing_s/gen"] > 0

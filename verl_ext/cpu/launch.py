@@ -218,9 +218,10 @@ VLLM_CPU_CHANGES: tuple[CpuChange, ...] = (
         "tell synced weights from stale ones (1e-6 moves them by ~1e-5)",
     ),
     CpuChange(
-        "SAVE_FREQ=1, TEST_FREQ=-1",
+        "SAVE_FREQ=1, TEST_FREQ=<steps>",
         ("trainer.save_freq", "trainer.test_freq"),
-        "the run's checks: each step's weights for the log-prob check; no validation",
+        "the run's checks: each step's weights for the log-prob check; validation before training (the launcher's "
+        "default) and at the end of each part, for diva-report",
     ),
     CpuChange(
         "CKPT_DIR, EXPERIMENT_NAME, METRICS_LOG=",
@@ -295,11 +296,7 @@ VLLM_CPU_CHANGES: tuple[CpuChange, ...] = (
         ("reward.custom_reward_function.path", "reward.custom_reward_function.name"),
         "tiny model: a random model never writes \\boxed{}",
     ),
-    CpuChange(
-        "trainer.val_before_train=false, trainer.resume_mode=auto",
-        ("trainer.val_before_train", "trainer.resume_mode"),
-        "time; the resumed part finds the checkpoint",
-    ),
+    CpuChange("trainer.resume_mode=auto", ("trainer.resume_mode",), "the resumed part finds the checkpoint"),
     CpuChange(
         "MUPO: mupo.embedding.backend=hashing, mupo.min_size=2n/3",
         ("mupo.embedding.backend", "mupo.min_size"),
@@ -327,6 +324,7 @@ def vllm_launcher_env(
     run_dir: str,
     *,
     method: str = "diva",
+    steps: int = 3,
     questions: int = 2,
     rollout_n: int = 4,
     response_length: int = 24,
@@ -348,7 +346,7 @@ def vllm_launcher_env(
         "LR": str(lr),
         "TOTAL_EPOCHS": "100",
         "SAVE_FREQ": "1",
-        "TEST_FREQ": "-1",
+        "TEST_FREQ": str(steps),
         "CKPT_DIR": os.path.join(run_dir, "checkpoints"),
         "EXPERIMENT_NAME": f"tiny_cpu_{method}",
         # Empty: verl's file logger writes <VERL_FILE_LOGGER_ROOT>/<project>/<experiment>.jsonl, one per part.
@@ -379,7 +377,6 @@ def vllm_cpu_overrides(*, method: str = "diva", steps: int = 3, rollout_n: int =
         *extra,
         "trainer.device=cpu",
         f"trainer.total_training_steps={steps}",
-        "trainer.val_before_train=false",
         "trainer.resume_mode=auto",
         "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
         "actor_rollout_ref.model.use_remove_padding=false",
@@ -461,7 +458,9 @@ def main(argv: list[str] | None = None) -> int:
     paths = prepare(args.workdir)
     run_dir = os.path.abspath(args.run_dir or os.path.join(args.workdir, "run"))
     if args.rollout == "vllm":
-        env = vllm_launcher_env(paths, run_dir, method=args.method, questions=args.questions, rollout_n=args.rollout_n)
+        env = vllm_launcher_env(
+            paths, run_dir, method=args.method, steps=args.steps, questions=args.questions, rollout_n=args.rollout_n
+        )
         env["DIVA_GPU_LAUNCHER"] = launcher_for(args.method)
         if args.launcher_env_out:
             with open(args.launcher_env_out, "w") as f:
