@@ -92,8 +92,10 @@ def run_method(method: str, paths: dict, workdir: str, steps: int, rollout: str 
     run_dir = os.path.join(workdir, f"{rollout}_{method}")
     experiment = f"bench_{rollout}_{method}"
     overrides = cpu_overrides(
-        paths, os.path.join(run_dir, "checkpoints"), method=method, steps=steps, save_freq=-1, experiment=experiment
+        paths, os.path.join(run_dir, "checkpoints"), method=method, steps=steps, save_freq=-1, test_freq=-1,
+        experiment=experiment,
     )
+    overrides.append("trainer.val_before_train=false")  # training steps only
     if rollout == "vllm":
         overrides += ["actor_rollout_ref.rollout.name=vllm", *vllm_engine_overrides()]
     if method == "grpo":
