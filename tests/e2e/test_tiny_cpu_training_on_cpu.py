@@ -18,13 +18,12 @@ from __future__ import annotations
 import glob
 import json
 import math
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
+from tiny_launch import launch_tiny_cpu
 
 from verl_ext.algos import compute_diva_advantage
 from verl_ext.config import diva_config_from
@@ -54,24 +53,9 @@ def run(tmp_path_factory):
     _require_torchvision()
     workdir = tmp_path_factory.mktemp("tiny_cpu")
     run_dir = workdir / "run"
-    env = {
-        **os.environ,
-        "WORKDIR": str(workdir),
-        "RUN_DIR": str(run_dir),
-        "METHOD": "diva",
-        "STEPS": str(STEPS),
-        "RESUME_STEPS": str(RESUME_STEPS),
-    }
-    for name in ("RAY_ADDRESS", "VERL_PLATFORM", "DIVA_CPU_PROBE_DIR", "VERL_FILE_LOGGER_ROOT"):
-        env.pop(name, None)
-    proc = subprocess.run(
-        ["bash", "run_scripts/tiny_cpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=840
+    output, summary = launch_tiny_cpu(
+        workdir, run_dir, 840, METHOD="diva", STEPS=str(STEPS), RESUME_STEPS=str(RESUME_STEPS)
     )
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-6000:]
-    assert "[cpu] PASSED" in output, output[-6000:]
-    summary_line = [line for line in output.splitlines() if "[cpu] summary " in line][-1]
-    summary = json.loads(summary_line.split("[cpu] summary ", 1)[1])
     config = OmegaConf.load(ROOT / "recipe" / "diva_grpo" / "config" / "diva_grpo.yaml")
     records = {}
     for path in glob.glob(str(run_dir / "probe" / "actor_inputs_step*.pt")):
