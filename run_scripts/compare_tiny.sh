@@ -7,7 +7,7 @@
 #   OUT=DIR bash run_scripts/compare_tiny.sh
 #   OUT=DIR METHODS="grpo diva_grpo" STEPS=8 bash run_scripts/compare_tiny.sh     # a quick look
 # METHODS: adv_estimator names (default: grpo diva_grpo avspo codapo durian pgpo mupo; the first is the report's
-# baseline). STEPS (16), TEST_FREQ (4), SEED (0), QUESTIONS (4 per step), ROLLOUT_N (4 per DIVA prompt; the others
+# baseline). STEPS (12), TEST_FREQ (4), SEED (0), QUESTIONS (4 per step), ROLLOUT_N (4 per DIVA prompt; the others
 # get twice as many per question's one prompt). WORKDIR (default $OUT/work) keeps the model, data and warm start.
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,7 +16,7 @@ if [ -z "${OUT:-}" ]; then
   echo "error: set OUT to the output folder: OUT=outputs/compare_tiny bash run_scripts/compare_tiny.sh" >&2
   exit 2
 fi
-ARGS=(--out "$OUT" --methods "${METHODS:-grpo diva_grpo avspo codapo durian pgpo mupo}" --steps "${STEPS:-16}"
+ARGS=(--out "$OUT" --methods "${METHODS:-grpo diva_grpo avspo codapo durian pgpo mupo}" --steps "${STEPS:-12}"
   --test-freq "${TEST_FREQ:-4}" --seed "${SEED:-0}" --questions "${QUESTIONS:-4}" --rollout-n "${ROLLOUT_N:-4}")
 if [ -n "${WORKDIR:-}" ]; then ARGS+=(--workdir "$WORKDIR"); fi
 exec python -m verl_ext.cpu.compare "${ARGS[@]}"
