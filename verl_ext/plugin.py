@@ -40,6 +40,12 @@ def _register_cpu_training() -> None:
 
 _register_cpu_training()
 
+# A verl bug on any device (verl_ext/position_ids_patch.py): batches whose sequences all have one length corrupt the
+# nested M-RoPE position ids. Applied here, in every process, before verl's worker modules bind the function.
+from verl_ext import position_ids_patch  # noqa: E402
+
+position_ids_patch.apply()
+
 # The toolkit's other methods (verl_ext/methods/<name>.py), registered with verl here by name, without importing
 # their modules: verl loads this plugin while it is itself being imported, which may happen midway through the
 # import of one of our modules (verl_ext.config subclasses verl's BaseConfig); importing the methods from here then

@@ -37,12 +37,12 @@ STEPS, TEST_FREQ, SEED = 6, 3, 0
 
 pytestmark = [
     pytest.mark.timeout(900),
-    # Measured on the 2-core development machine (README, "Every method compared"): the runs crash inside verl
-    # (engine_workers.train_mini_batch -> index_select_tensor_dict on a nested tensor: "split_with_sizes expects
-    # split_sizes to sum exactly to 411 ... got [4, 4, ...]", GRPO's step 6 or 8), and before the crash both methods
-    # fall from the warm start's accuracy (0.41 -> 0.25) and DIVA's zero-advantage fraction is not below GRPO's.
-    # Skipped, not weakened, until the crash is fixed and the claims hold: see the README's measured table.
-    pytest.mark.skip(reason="compare_tiny: verl nested-tensor crash in train_mini_batch and claims not met (README)"),
+    # Measured on the 2-core development machine (README, "Every method compared"): both methods fall from the warm
+    # start's accuracy (0.41 -> 0.25) and DIVA's zero-advantage fraction is not below GRPO's. (The runs also crashed
+    # inside verl, "split_with_sizes expects split_sizes to sum exactly to 411 ... got [4, 4, ...]", on batches of one
+    # sequence length: fixed since by the patch equal_length_position_ids, tests/e2e/test_position_ids_patch_on_cpu.py.)
+    # Skipped, not weakened, until the claims hold: see the README's measured table.
+    pytest.mark.skip(reason="compare_tiny: the claims are not met yet (README, 'Every method compared')"),
 ]
 
 
