@@ -57,19 +57,61 @@ def prepare(workdir: str) -> dict:
     return paths
 
 
+def _is_diva(method: str) -> bool:
+    return method in ("diva", "diva_grpo")
+
+
+def _checked_method(method: str) -> str:
+    """``method`` if it is diva or a toolkit method (verl's GRPO included); a ValueError naming them otherwise."""
+    from verl_ext.methods import METHODS
+
+    if not _is_diva(method) and method not in METHODS:
+        raise ValueError(f"--method {method!r}: expected diva, grpo or a toolkit method {sorted(METHODS)}")
+    return method
+
+
+def _mupo_overrides(method: str, rollout_n: int) -> list[str]:
+    """MUPO on a CPU: no embedding model is served (hashed trigrams), and k groups of min_size in 2n responses."""
+    if method != "mupo":
+        return []
+    return ["mupo.embedding.backend=hashing", f"mupo.min_size={max(1, (2 * rollout_n) // 3)}"]
+
+
+# verl's defaults that need an accelerator or more memory, changed by both CPU routes: flash-attention and its
+# padding-free packing, FSDP1, bf16 autocast, torch.compile; micro-batches, loader workers and verl's 8 agent-loop
+# workers, reward workers and storage units (~10 GB) sized for the tiny run.
+_FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+ACCELERATOR_FREE_OVERRIDES = (
+    "trainer.device=cpu",
+    "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+    "actor_rollout_ref.model.use_remove_padding=false",
+    "actor_rollout_ref.actor.strategy=fsdp2",
+    f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={_FP32}",
+    f"+actor_rollout_ref.ref.fsdp_config.mixed_precision={_FP32}",
+    "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
+    "actor_rollout_ref.ref.fsdp_config.use_torch_compile=false",
+    "actor_rollout_ref.actor.use_torch_compile=false",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
+    "data.dataloader_num_workers=0",
+    "actor_rollout_ref.rollout.agent.num_workers=1",
+    "reward.num_workers=1",
+    "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+)
+
+
 def method_overrides(method: str, questions: int, rollout_n: int) -> list[str]:
     """What differs between methods: estimator, trainer, dataset, prompts per step and responses per prompt.
 
     Every method gets ``2 * rollout_n`` responses per question: DIVA as 2 prompts (original + variant) x n, the
     others as 1 prompt x 2n (verl's dataset, no variants), as the GPU launchers do.
     """
-    if method in ("diva", "diva_grpo"):
+    if _is_diva(_checked_method(method)):
         estimator, trainer_mode = "diva_grpo", "diva_grpo"
     else:
-        from verl_ext.methods import METHODS, get_method
+        from verl_ext.methods import get_method
 
-        if method not in METHODS:
-            raise ValueError(f"--method {method!r}: expected diva, grpo or a toolkit method {sorted(METHODS)}")
         estimator, trainer_mode = method, get_method(method).trainer_mode
     if trainer_mode == "diva_grpo":
         prompts = 2 * questions
@@ -81,12 +123,8 @@ def method_overrides(method: str, questions: int, rollout_n: int) -> list[str]:
             f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
             f"actor_rollout_ref.rollout.n={rollout_n}",
         ]
-    # MUPO on a CPU: no embedding model is served (hashed trigrams), and k groups of min_size in 2n responses.
-    extra = (
-        ["mupo.embedding.backend=hashing", f"mupo.min_size={max(1, (2 * rollout_n) // 3)}"] if method == "mupo" else []
-    )
     return [
-        *extra,
+        *_mupo_overrides(method, rollout_n),
         f"algorithm.adv_estimator={estimator}",
         f"trainer.v1.trainer_mode={trainer_mode}",
         "data.custom_cls.path=null",
@@ -132,30 +170,14 @@ def cpu_overrides(
         f"data.val_files={paths['val']}",
         "data.max_prompt_length=1024",
         f"data.max_response_length={response_length}",
-        "data.dataloader_num_workers=0",
         f"diva.variants.max_pixels={MAX_PIXELS}",
         f"actor_rollout_ref.model.path={paths['model']}",
-        # verl's defaults that need an accelerator: flash-attention, FSDP1, bf16 autocast, padding-free packing.
-        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-        "actor_rollout_ref.model.use_remove_padding=false",
+        *ACCELERATOR_FREE_OVERRIDES,
         "actor_rollout_ref.model.enable_gradient_checkpointing=false",
-        "actor_rollout_ref.actor.strategy=fsdp2",
-        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
-        "+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
-        "actor_rollout_ref.ref.fsdp_config.use_torch_compile=false",
-        "+actor_rollout_ref.ref.fsdp_config.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
-        "actor_rollout_ref.actor.use_torch_compile=false",
         f"actor_rollout_ref.actor.optim.lr={lr}",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
         f"actor_rollout_ref.rollout.name={ROLLOUT_NAME}",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
-        "actor_rollout_ref.rollout.agent.num_workers=1",
-        "reward.num_workers=1",
-        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
         *_reward_overrides(reward),
-        "trainer.device=cpu",
         "trainer.nnodes=1",
         "trainer.n_gpus_per_node=1",
         f"trainer.total_training_steps={steps}",
@@ -310,13 +332,7 @@ VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nob
 
 def launcher_for(method: str) -> str:
     """The GPU launcher of ``method`` (``run_scripts/``): DIVA's, GRPO's or the toolkit method's."""
-    if method in ("diva", "diva_grpo"):
-        return "qwen25vl7b_diva.sh"
-    from verl_ext.methods import METHODS
-
-    if method != "grpo" and method not in METHODS:
-        raise ValueError(f"--method {method!r}: expected diva, grpo or a toolkit method {sorted(METHODS)}")
-    return f"qwen25vl7b_{method}.sh"
+    return "qwen25vl7b_diva.sh" if _is_diva(_checked_method(method)) else f"qwen25vl7b_{method}.sh"
 
 
 def vllm_launcher_env(
@@ -332,7 +348,7 @@ def vllm_launcher_env(
 ) -> dict[str, str]:
     """The GPU launcher's variables for the CPU run (see :data:`VLLM_CPU_CHANGES`): DIVA gets ``rollout_n``
     responses for each of its 2 prompts per question, the other methods ``2 * rollout_n`` for their one."""
-    diva = method in ("diva", "diva_grpo")
+    diva = _is_diva(method)
     return {
         "MODEL_PATH": paths["model"],
         "TRAIN_FILES": paths["train"],
@@ -369,35 +385,15 @@ def vllm_engine_overrides() -> list[str]:
 
 def vllm_cpu_overrides(*, method: str = "diva", steps: int = 3, rollout_n: int = 4) -> list[str]:
     """Hydra overrides the GPU launcher has no variable for (see :data:`VLLM_CPU_CHANGES`), after its own."""
-    fp32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
-    extra = (
-        ["mupo.embedding.backend=hashing", f"mupo.min_size={max(1, (2 * rollout_n) // 3)}"] if method == "mupo" else []
-    )
     return [
-        *extra,
-        "trainer.device=cpu",
+        *_mupo_overrides(method, rollout_n),
+        *ACCELERATOR_FREE_OVERRIDES,
         f"trainer.total_training_steps={steps}",
         "trainer.resume_mode=auto",
-        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-        "actor_rollout_ref.model.use_remove_padding=false",
-        "actor_rollout_ref.actor.strategy=fsdp2",
-        f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={fp32}",
-        f"+actor_rollout_ref.ref.fsdp_config.mixed_precision={fp32}",
-        "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
-        "actor_rollout_ref.ref.fsdp_config.use_torch_compile=false",
-        "actor_rollout_ref.actor.use_torch_compile=false",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
-        "data.dataloader_num_workers=0",
         *vllm_engine_overrides(),
         "actor_rollout_ref.rollout.calculate_log_probs=true",
-        "actor_rollout_ref.rollout.agent.num_workers=1",
-        "reward.num_workers=1",
-        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
-        "reward.custom_reward_function.path=pkg://verl_ext.cpu.reward",
-        "reward.custom_reward_function.name=separating_score",
+        *_reward_overrides("separating"),
     ]
 
 
