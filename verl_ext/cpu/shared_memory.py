@@ -30,12 +30,15 @@ def segments(shm_dir: str = SHM_DIR) -> set[str]:
 def in_use(paths: set[str], proc: str = "/proc") -> set[str]:
     """Those of ``paths`` some process has open (``/proc/<pid>/fd``) or mapped (``/proc/<pid>/maps``)."""
     used: set[str] = set()
+    if not paths:
+        return used
     for pid in os.listdir(proc):
         if not pid.isdigit():
             continue
         try:
             with open(os.path.join(proc, pid, "maps")) as f:
-                used.update(p for p in paths if p in f.read())
+                maps = f.read()
+            used.update(p for p in paths if p in maps)
             fd_dir = os.path.join(proc, pid, "fd")
             for fd in os.listdir(fd_dir):
                 target = os.readlink(os.path.join(fd_dir, fd))
