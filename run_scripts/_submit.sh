@@ -84,6 +84,29 @@ if [ -z "${RAY_ADDRESS:-}" ]; then
   done
 fi
 
-echo "[diva] submitting to $RAY_ADDRESS: python -m recipe.diva_grpo.main_diva $*"
-ray job submit --address "$RAY_ADDRESS" --runtime-env "${DIVA_RUNTIME_ENV:-recipe/diva_grpo/runtime_env.yaml}" \
-  -- python -m recipe.diva_grpo.main_diva "$@"
+# MAX_RESTARTS=N: a job that fails is submitted again, up to N times, with trainer.resume_mode=auto (verl resumes from
+# the latest complete checkpoint in trainer.default_local_dir; the earlier attempts' metrics logs are kept).
+MAX_RESTARTS="${MAX_RESTARTS:-0}"
+if ! [[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]]; then
+  echo "error: MAX_RESTARTS=$MAX_RESTARTS: expected how many times to resubmit a failed job (0, the default: never)" >&2
+  exit 2
+fi
+JOB_ARGS=("$@")
+attempt=1
+while :; do
+  echo "[diva] submitting (attempt $attempt of at most $((MAX_RESTARTS + 1))) to $RAY_ADDRESS: python -m recipe.diva_grpo.main_diva ${JOB_ARGS[*]}"
+  status=0
+  ray job submit --address "$RAY_ADDRESS" --runtime-env "${DIVA_RUNTIME_ENV:-recipe/diva_grpo/runtime_env.yaml}" \
+    -- python -m recipe.diva_grpo.main_diva "${JOB_ARGS[@]}" || status=$?
+  if [ "$status" -eq 0 ]; then
+    [ "$attempt" -gt 1 ] && echo "[diva] attempt $attempt finished the job after $((attempt - 1)) restart(s)"
+    break
+  fi
+  if [ "$attempt" -gt "$MAX_RESTARTS" ] || [ "${DRY_RUN:-0}" = "1" ]; then
+    echo "error: the job failed at $(date -u +%FT%TZ) (exit $status) on attempt $attempt; MAX_RESTARTS=$MAX_RESTARTS" >&2
+    exit "$status"
+  fi
+  echo "[diva] attempt $attempt failed at $(date -u +%FT%TZ) (exit $status); resubmitting with trainer.resume_mode=auto (restart $attempt of $MAX_RESTARTS)"
+  JOB_ARGS=("$@" "trainer.resume_mode=auto")
+  attempt=$((attempt + 1))
+done

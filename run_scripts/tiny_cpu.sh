@@ -4,6 +4,8 @@
 # `ray job submit` to a local Ray head (one logical GPU). It trains STEPS steps, saves a checkpoint, resumes from it
 # for RESUME_STEPS more in a fresh trainer, checks the run (finite non-zero loss and gradient, rollout log-probs
 # equal to the actor's after each weight sync, difficulty state restored) and prints a summary. A few minutes.
+# RESUME_STEPS=0 trains STEPS steps and stops (no resume, no checks); SAVE_FREQ (default STEPS) is verl's
+# trainer.save_freq; MAX_RESTARTS=N resubmits a failed job with resume up to N times (run_scripts/_submit.sh).
 #   bash run_scripts/tiny_cpu.sh                     # DIVA-GRPO
 #   METHOD=grpo bash run_scripts/tiny_cpu.sh         # verl's GRPO baseline, same responses per question
 #   METHOD=<method> bash run_scripts/tiny_cpu.sh     # a toolkit method (verl_ext.methods), e.g. avspo
@@ -22,6 +24,7 @@ METHOD="${METHOD:-diva}"
 ROLLOUT="${ROLLOUT:-hf_cpu}"
 STEPS="${STEPS:-3}"
 RESUME_STEPS="${RESUME_STEPS:-1}"
+SAVE_FREQ="${SAVE_FREQ:-$STEPS}"
 WORKDIR="$(abspath "${WORKDIR:-$REPO_ROOT/outputs/tiny_cpu}")"
 RUN_DIR="$(abspath "${RUN_DIR:-$WORKDIR/run_$(date +%Y%m%d_%H%M%S)_$$}")"
 case "$ROLLOUT" in
@@ -41,7 +44,7 @@ mkdir -p "$RUN_DIR"
 # One source for the settings (verl_ext/cpu/launch.py): builds the model and data once, prints the overrides
 # (ROLLOUT=vllm: those the GPU launcher has no variable for, and the launcher's variables in launcher_env.txt).
 python -m verl_ext.cpu.launch --workdir "$WORKDIR" --run-dir "$RUN_DIR" --method "$METHOD" --steps "$STEPS" \
-  --rollout "$ROLLOUT" --launcher-env-out "$RUN_DIR/launcher_env.txt" \
+  --save-freq "$SAVE_FREQ" --rollout "$ROLLOUT" --launcher-env-out "$RUN_DIR/launcher_env.txt" \
   --runtime-env-out "$RUN_DIR/runtime_env.yaml" >"$RUN_DIR/overrides.txt"
 mapfile -t ARGS <"$RUN_DIR/overrides.txt"
 ARGS+=("+cpu_run.resume_steps=$RESUME_STEPS")

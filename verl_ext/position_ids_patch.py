@@ -21,8 +21,12 @@ from __future__ import annotations
 import sys
 
 PATCH_NAME = "equal_length_position_ids"
-_USERS = ("verl.utils.tensordict_utils", "verl.workers.engine_workers", "verl.workers.engine.base",
-          "verl.workers.engine_workers_tinker")
+_USERS = (
+    "verl.utils.tensordict_utils",
+    "verl.workers.engine_workers",
+    "verl.workers.engine.base",
+    "verl.workers.engine_workers_tinker",
+)
 
 
 def ragged_on_tokens(position_ids):

@@ -24,6 +24,7 @@ from verl.utils.device import auto_set_device
 from verl_ext.cpu import cpu_mode_requested
 from verl_ext.cpu.probe import PROBE_ENV, install_probe
 from verl_ext.cpu.session import format_summary, pop_cpu_run_block, train_then_resume
+from verl_ext.metrics_log import keep_previous_log, metrics_log_path
 
 
 @ray.remote(num_cpus=1)
@@ -41,6 +42,11 @@ class DivaTaskRunner(TaskRunnerV1.__ray_actor_class__):
         metrics_log = os.environ.get("VERL_FILE_LOGGER_PATH")
         if metrics_log:
             os.makedirs(os.path.dirname(os.path.abspath(metrics_log)), exist_ok=True)
+        # A restarted job (MAX_RESTARTS) logs to the same file, which verl's logger truncates: keep the earlier part.
+        if "file" in (config.trainer.get("logger") or []):
+            kept = keep_previous_log(metrics_log_path(config.trainer.project_name, config.trainer.experiment_name))
+            if kept:
+                print(f"[diva] the earlier metrics log of this experiment is kept as {kept}", flush=True)
         probe_dir = os.environ.get(PROBE_ENV)
         if probe_dir:
             install_probe(config.trainer.v1.trainer_mode, probe_dir)

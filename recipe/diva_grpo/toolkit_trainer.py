@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import transfer_queue as tq
 from omegaconf import DictConfig, open_dict
-from tensordict import TensorDict
+from tensordict import NonTensorStack, TensorDict
 from transfer_queue import KVBatchMeta
 from verl.protocol import DataProto
 from verl.trainer.ppo.ray_trainer import apply_kl_penalty
@@ -35,9 +35,12 @@ from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_
 from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
 from verl.workers.utils.padding import response_to_nested
 
+from verl_ext import faults
 from verl_ext.methods import AdvantageInputs, AdvantageResult, get_method
 from verl_ext.methods.base import TENSOR_NEEDS
 from verl_ext.plugin import check_registered
+from verl_ext.rollout.replay_buffer import OrderedReplayBuffer
+from verl_ext.rollout.seeds import prompt_uid
 from verl_ext.transfer_queue_fields import non_tensor_list
 
 logger = logging.getLogger(__name__)
@@ -70,6 +73,7 @@ class ToolkitTrainer(PPOTrainerSync):
         self._check_method_config(config)
         super().__init__(config)
         self.batch_planner = self.method.batch_planner(self.method_config) if self.method.batch_planner else None
+        self._uid_fetches = (-1, -1)  # (step, fetches in it) of _run_uids
 
     def _check_method_config(self, config: DictConfig) -> None:
         mode = config.trainer.v1.trainer_mode
@@ -80,6 +84,16 @@ class ToolkitTrainer(PPOTrainerSync):
             )
         if self.method.check_config is not None:
             self.method.check_config(config, self.method_config)
+        custom = config.trainer.v1.sampler.get("custom_sampler", None) or {}
+        filter_groups = config.algorithm.get("filter_groups", None) or {}
+        if custom.get("name") and (
+            filter_groups.get("enable", False) or config.trainer.v1.sampler.get("sync_refill_failed_groups", False)
+        ):
+            raise ValueError(
+                "algorithm.filter_groups.enable / trainer.v1.sampler.sync_refill_failed_groups: verl passes them only "
+                f"to its own replay buffer, not to trainer.v1.sampler.custom_sampler ({custom.get('name')}); unset "
+                "the custom sampler (trainer.v1.sampler.custom_sampler.name=null) to use them"
+            )
 
     def _init_dataloader(self):
         super()._init_dataloader()
@@ -94,6 +108,24 @@ class ToolkitTrainer(PPOTrainerSync):
                 if optim is not None:
                     optim.total_training_steps = self.total_training_steps * self.parameter_sync_step
             logger.info("%s: %d steps (%d per dataloader batch)", self.method.name, self.total_training_steps, repeat)
+
+    def _build_replay_buffer(self):
+        buffer = super()._build_replay_buffer()
+        if isinstance(buffer, OrderedReplayBuffer):
+            buffer.watch(self._rollout_actors)
+        return buffer
+
+    def _rollout_actors(self) -> list[tuple[str, object]]:
+        """The actors a step's rollouts need: rollout servers, agent-loop workers, reward workers (once started)."""
+        actors = []
+        manager = getattr(self, "llm_server_manager", None)
+        for rank, replica in enumerate(manager.get_replicas() if manager is not None else []):
+            actors += [(f"rollout server {i} of replica {rank}", server) for i, server in enumerate(replica.servers)]
+        loop = getattr(self, "agent_loop_manager", None)
+        actors += [(f"agent-loop worker {i}", w) for i, w in enumerate(getattr(loop, "agent_loop_workers", None) or [])]
+        rewards = getattr(loop, "reward_loop_worker_handles", None) or []
+        actors += [(f"reward worker {i}", worker) for i, worker in enumerate(rewards)]
+        return actors
 
     # ------------------------------------------------------------------ advantage
 
@@ -227,7 +259,13 @@ class ToolkitTrainer(PPOTrainerSync):
     # ------------------------------------------------------------------ batches
 
     def _fetch_one_gen_batch(self):
-        """verl's next dataloader batch, unless the method's planner names the prompts to roll out instead."""
+        """verl's next dataloader batch, unless the method's planner names the prompts to roll out instead; its
+        uids are the run's (:meth:`_run_uids`)."""
+        batch = self._planned_or_dataloader_batch()
+        batch["uid"] = NonTensorStack(*self._run_uids(len(batch)))
+        return batch
+
+    def _planned_or_dataloader_batch(self):
         if self.batch_planner is None:
             return super()._fetch_one_gen_batch()
         size = self.config.data.get("gen_batch_size", None) or self.config.data.train_batch_size
@@ -237,6 +275,15 @@ class ToolkitTrainer(PPOTrainerSync):
         from recipe.diva_grpo.planned_batches import batch_of_questions
 
         return batch_of_questions(self.train_dataset, planned)
+
+    def _run_uids(self, count: int) -> list[str]:
+        """uids of the next ``count`` prompts: from (data.seed, step, fetch of the step, row), not verl's ``uuid4``,
+        so that the rollout seeds keyed by them (:mod:`verl_ext.rollout.seeds`) repeat for a seed and on a resume."""
+        step = int(self.global_steps)
+        fetch = self._uid_fetches[1] + 1 if self._uid_fetches[0] == step else 0
+        self._uid_fetches = (step, fetch)
+        seed = int(self.config.data.get("seed", 0) or 0)
+        return [prompt_uid(seed, step, fetch, row) for row in range(count)]
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -260,6 +307,7 @@ class ToolkitTrainer(PPOTrainerSync):
             from verl_ext.difficulty.persistence import save_state
 
             save_state(self.batch_planner.state_dict(), self._planner_state_path(self._step_folder()))
+        faults.inject("checkpoint_save", self.global_steps)
         super()._save_checkpoint()
 
     def _load_checkpoint(self):

@@ -33,6 +33,7 @@ from verl.trainer.ppo.v1 import register_trainer
 from verl.utils.dataset.rl_dataset import collate_fn
 
 from recipe.diva_grpo.toolkit_trainer import ToolkitTrainer
+from verl_ext import faults
 from verl_ext.config import diva_config_from, parameter_sync_step
 from verl_ext.data.dataset import DivaDataset
 from verl_ext.data.sampler import QuestionBlockSampler, check_batch_size
@@ -193,6 +194,7 @@ class DivaTrainer(ToolkitTrainer):
         # Waits for the actor and copies the changed difficulties into the shared table.
         step_metrics = self.difficulty.finish(self._pending_update)
         self._pending_update = None
+        faults.inject("after_difficulty_update", self.global_steps)
         step_metrics["diva/timing_s/difficulty_finish"] = time.perf_counter() - t0
         self._diva_step_metrics.update(step_metrics)
 

@@ -20,8 +20,11 @@ pytestmark = pytest.mark.gpu_stack
 
 def _batch(lengths: list[int]) -> tuple[TensorDict, list[torch.Tensor]]:
     rows = [torch.arange(4 * n).view(4, n) + 1000 * i for i, n in enumerate(lengths)]
-    nested = torch.nested.as_nested_tensor(rows, layout=torch.jagged) if len(set(lengths)) == 1 else \
-        tu.nested_tensor_from_tensor_list(rows, ragged_idx=2)
+    nested = (
+        torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+        if len(set(lengths)) == 1
+        else tu.nested_tensor_from_tensor_list(rows, ragged_idx=2)
+    )
     return TensorDict({"position_ids": nested}, batch_size=[len(lengths)]), rows
 
 

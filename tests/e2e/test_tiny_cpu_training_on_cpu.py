@@ -22,52 +22,25 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
-from tiny_launch import launch_tiny_cpu
+from tiny_launch import DIVA_ALL_STEPS, DIVA_RESUME_STEPS, DIVA_STEPS
 
 from verl_ext.algos import compute_diva_advantage
-from verl_ext.config import diva_config_from
 from verl_ext.cpu.probe import jsonable
 from verl_ext.difficulty.persistence import checkpoint_state_path, load_state
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _require_torchvision() -> None:
-    """Qwen2-VL's processor (transformers 5) and verl's qwen_vl_utils import torchvision: say how to get it."""
-    try:
-        import torchvision  # noqa: F401
-    except ImportError as err:
-        pytest.fail(f"the CPU end-to-end tests need torchvision ({err}): pip install torch==2.14.1 torchvision==0.29.1")
-
-
-STEPS, RESUME_STEPS = 3, 1
-ALL_STEPS = list(range(1, STEPS + RESUME_STEPS + 1))
+STEPS, RESUME_STEPS, ALL_STEPS = DIVA_STEPS, DIVA_RESUME_STEPS, DIVA_ALL_STEPS
 
 # The main job's stack: CI runs these in the GPU stack's environment (pytest -m gpu_stack).
 pytestmark = [pytest.mark.gpu_stack, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    _require_torchvision()
-    workdir = tmp_path_factory.mktemp("tiny_cpu")
-    run_dir = workdir / "run"
-    output, summary = launch_tiny_cpu(
-        workdir, run_dir, 840, METHOD="diva", STEPS=str(STEPS), RESUME_STEPS=str(RESUME_STEPS)
-    )
-    config = OmegaConf.load(ROOT / "recipe" / "diva_grpo" / "config" / "diva_grpo.yaml")
-    records = {}
-    for path in glob.glob(str(run_dir / "probe" / "actor_inputs_step*.pt")):
-        record = torch.load(path, weights_only=False)
-        records[record["step"]] = record
-    return {
-        "dir": run_dir,
-        "summary": summary,
-        "records": records,
-        "diva": diva_config_from(config.diva),
-        "output": output,
-    }
+def run(tiny_diva_run):
+    """The launch of ``tests/e2e/conftest.py`` (shared with the crash tests, which compare their run with it)."""
+    return tiny_diva_run
 
 
 def _real_rows(record) -> list[int]:

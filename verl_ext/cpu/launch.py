@@ -28,9 +28,12 @@ from dataclasses import dataclass
 
 from verl_ext.cpu import CPU_ENV, ROLLOUT_NAME, VLLM_WORKER_EXTENSION
 from verl_ext.cpu.tiny_model import MAX_PIXELS, build_tiny_qwen2_vl
+from verl_ext.faults import FAULT_DIR_ENV, FAULTS_ENV
 
 TRAIN_QUESTIONS = 16
 VAL_QUESTIONS = 4
+
+
 def prepare(workdir: str) -> dict:
     """Tiny model and synthetic data under ``workdir`` (reused when present); returns their paths."""
     from data_prep.synth import synth
@@ -428,6 +431,8 @@ def runtime_env(run_dir: str, repo_root: str) -> dict:
         **VLLM_CPU_ENV,
         "VERL_FILE_LOGGER_ROOT": os.path.join(run_dir, "metrics"),
         PROBE_ENV: os.path.join(run_dir, "probe"),
+        # The crash tests' armed faults (verl_ext/faults.py), for every process of the job.
+        **{key: os.environ[key] for key in (FAULTS_ENV, FAULT_DIR_ENV) if os.environ.get(key)},
     }
     return env
 

@@ -33,6 +33,7 @@ from verl.workers.config import HFModelConfig, RolloutConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica, TokenOutput
 
+from verl_ext import faults
 from verl_ext.cpu import ROLLOUT_NAME
 
 logger = logging.getLogger(__name__)
@@ -74,8 +75,8 @@ class HFCpuServer:
         if attn == "flash_attention_2":
             attn = "sdpa"
         self.model, self.tokenizer, self.processor, hf_config = _load_policy(self.model_config.local_path, attn)
-        # Sampling draws from torch's generator of this process: seeded from rollout.seed (verl's seed for vLLM's
-        # sampler), one stream per replica, so that a run's seed fixes its rollouts as far as request order does.
+        # A request without a seed of its own (verl's agent loop sends none; the recipe's seeded loop does, see
+        # verl_ext/rollout/agent_loop.py) draws from this process's stream: rollout.seed + replica rank, as vLLM's.
         torch.manual_seed(int(self.config.seed) + replica_rank)
         self.suppressed = torch.tensor(_never_sampled(hf_config), dtype=torch.long)
         self.image_token_id = getattr(hf_config, "image_token_id", None)
@@ -133,7 +134,15 @@ class HFCpuServer:
         if not greedy:
             kwargs.update(temperature=temperature, top_p=float(sampling_params.get("top_p", 1.0)))
             kwargs["top_k"] = top_k if top_k > 0 else None
-        out = self.model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **vision, **kwargs)
+        seed = sampling_params.get("seed")
+        # A seeded request draws from its own stream (as vLLM's per-request generator): fork_rng restores the
+        # process's stream afterwards, so an unseeded request's draws do not depend on the seeded ones.
+        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(int(seed))
+            out = self.model.generate(
+                input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **vision, **kwargs
+            )
         new_ids = out.sequences[0, input_ids.shape[1] :]
         # Raw logits of each step (B=1, V) -> the actor's log-prob of the sampled token.
         logits = torch.stack(out.logits, dim=0)[:, 0, :].float()
@@ -153,6 +162,7 @@ class HFCpuServer:
         **kwargs,
     ) -> TokenOutput:
         await self._generation_allowed.wait()
+        faults.inject("rollout_generate", self.global_steps)
         vision = self._vision_inputs(list(prompt_ids), image_data, video_data, mm_processor_kwargs)
 
         def run():

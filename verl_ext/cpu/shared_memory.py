@@ -78,8 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     removed = clean(args.file)
     if removed:
-        print(f"[cpu] removed {len(removed)} shared-memory segment(s) the run left in {SHM_DIR}: "
-              + ", ".join(os.path.basename(p) for p in removed))
+        print(
+            f"[cpu] removed {len(removed)} shared-memory segment(s) the run left in {SHM_DIR}: "
+            + ", ".join(os.path.basename(p) for p in removed)
+        )
     return 0
 
 

@@ -1,0 +1,48 @@
+"""The DIVA run the end-to-end tests share: one launch of ``run_scripts/tiny_cpu.sh`` on the ``hf_cpu`` rollout.
+
+It serves the training checks (``test_tiny_cpu_training_on_cpu.py``) and is the uninterrupted reference the crash
+run is compared with (``test_crash_resume_on_cpu.py``): one launch for both, started by whichever needs it first.
+"""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from tiny_launch import DIVA_RESUME_STEPS, DIVA_STEPS, ROOT, launch_tiny_cpu
+
+
+def require_torchvision() -> None:
+    """Qwen2-VL's processor (transformers 5) and verl's qwen_vl_utils import torchvision: say how to get it."""
+    try:
+        import torchvision  # noqa: F401
+    except ImportError as err:
+        pytest.fail(f"the CPU end-to-end tests need torchvision ({err}): pip install torch==2.14.1 torchvision==0.29.1")
+
+
+@pytest.fixture(scope="session")
+def tiny_diva_run(tmp_path_factory):
+    from verl_ext.config import diva_config_from
+
+    require_torchvision()
+    workdir = tmp_path_factory.mktemp("tiny_cpu")
+    run_dir = workdir / "run"
+    output, summary = launch_tiny_cpu(
+        workdir, run_dir, 840, METHOD="diva", STEPS=str(DIVA_STEPS), RESUME_STEPS=str(DIVA_RESUME_STEPS)
+    )
+    config = OmegaConf.load(ROOT / "recipe" / "diva_grpo" / "config" / "diva_grpo.yaml")
+    records = {}
+    for path in glob.glob(str(run_dir / "probe" / "actor_inputs_step*.pt")):
+        record = torch.load(path, weights_only=False)
+        records[record["step"]] = record
+    return {
+        "dir": run_dir,
+        "workdir": Path(workdir),
+        "summary": summary,
+        "records": records,
+        "diva": diva_config_from(config.diva),
+        "output": output,
+    }

@@ -1,0 +1,104 @@
+"""A crash loses nothing: the DIVA run killed three times, restarted by the launcher, logs what the run that never
+stopped logs (``tests/e2e/conftest.py``'s ``tiny_diva_run``: 3 steps, then a resume for a 4th).
+
+One launch of ``run_scripts/tiny_cpu.sh`` with ``MAX_RESTARTS=3`` and three faults (:mod:`verl_ext.faults`), each a
+SIGKILL, each once:
+
+1. ``checkpoint_save@2``: the trainer dies while saving step 2 (the difficulty state written, verl's model and
+   marker not): the restart resumes from step 1, never from the partial ``global_step_2``;
+2. ``after_difficulty_update@3``: the trainer dies after the difficulty service applied step 3's update, before
+   its checkpoint: the restart resumes from step 2's difficulty state (the lost update is not kept, none twice);
+3. ``rollout_generate@3``: the rollout server dies generating step 4 (weights after 3 updates): the job fails
+   within a bounded time naming the dead server, instead of waiting for rollouts forever.
+
+The fourth attempt finishes. Every value the reference run logged (training metrics of steps 1-4, validation
+before training, at step 3 and at the end; wall times and memory aside) must be logged again, exactly: with the
+run's seeds (prompt uids, rollout sampling, variants, data order) and batches in key order, a resumed run repeats
+the run it continues. Same seed and settings (``SAVE_FREQ`` and the validation schedule aside, which do not change
+the training); the first two steps also show that two launches of one seed are the same run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+
+import pytest
+from tiny_launch import DIVA_ALL_STEPS, DIVA_STEPS, run_tiny_cpu
+
+from verl_ext.cpu.same_run import metric_differences
+from verl_ext.difficulty.persistence import checkpoint_state_path, load_state
+from verl_ext.report.run import load_run
+
+pytestmark = [pytest.mark.gpu_stack, pytest.mark.timeout(1800)]
+
+FAULTS = "checkpoint_save@2,after_difficulty_update@3,rollout_generate@3"
+# A dead rollout is found by the replay buffer's liveness check (every 10 s) and the job torn down: well within.
+DEAD_ROLLOUT_BOUND_S = 90
+
+
+@pytest.fixture(scope="module")
+def crashed(tiny_diva_run):
+    run_dir = tiny_diva_run["workdir"] / "crashed"
+    fault_dir = run_dir / "faults"
+    fault_dir.mkdir(parents=True)
+    returncode, output = run_tiny_cpu(
+        tiny_diva_run["workdir"],
+        run_dir,
+        1500,
+        METHOD="diva",
+        STEPS=str(len(DIVA_ALL_STEPS)),
+        RESUME_STEPS="0",
+        SAVE_FREQ="1",
+        MAX_RESTARTS="3",
+        DIVA_FAULTS=FAULTS,
+        DIVA_FAULT_DIR=str(fault_dir),
+    )
+    return {"dir": run_dir, "faults": fault_dir, "returncode": returncode, "output": output}
+
+
+def test_the_launcher_restarted_the_job_until_it_finished(crashed):
+    out = crashed["output"]
+    assert crashed["returncode"] == 0, out[-8000:]
+    for attempt in (1, 2, 3):
+        assert f"[diva] attempt {attempt} failed at " in out
+    assert "[diva] attempt 4 finished the job after 3 restart(s)" in out
+    fired = sorted(path.name for path in crashed["faults"].iterdir())
+    assert fired == sorted(f"{fault}.fired" for fault in FAULTS.split(","))
+
+
+def test_each_restart_resumed_from_the_last_complete_checkpoint(crashed):
+    # verl's logger truncates its file; each attempt's log is kept (verl_ext.metrics_log). An attempt's first line
+    # is its validation before training, at the step it resumed from: 0, then 1 (not the partial step 2), 2, 3.
+    logs = sorted((crashed["dir"] / "metrics").glob("*/*.jsonl"), key=lambda path: path.stat().st_mtime)
+    assert [path.name for path in logs][-1] == "tiny_cpu_diva.jsonl"
+    first_steps = [json.loads(path.read_text().splitlines()[0])["step"] for path in logs]
+    assert first_steps == [0, 1, 2, 3]
+    checkpoints = crashed["dir"] / "checkpoints"
+    assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == str(DIVA_ALL_STEPS[-1])
+
+
+def test_a_dead_rollout_server_fails_the_job_in_bounded_time_naming_it(crashed):
+    out = crashed["output"]
+    assert "RolloutDiedError" in out and "found dead: rollout server 0 of replica 0" in out
+    killed = dt.datetime.fromtimestamp((crashed["faults"] / "rollout_generate@3.fired").stat().st_mtime, dt.UTC)
+    failed = dt.datetime.fromisoformat(re.search(r"\[diva\] attempt 3 failed at (\S+)", out).group(1))
+    assert 0 <= (failed - killed).total_seconds() < DEAD_ROLLOUT_BOUND_S
+
+
+def test_the_crashed_run_logs_what_the_run_that_never_stopped_logs(tiny_diva_run, crashed):
+    expected = load_run(tiny_diva_run["dir"]).log.steps
+    actual = load_run(crashed["dir"]).log.steps
+    assert set(DIVA_ALL_STEPS) | {0} <= set(expected)
+    compared = sum(len(values) for values in expected.values())
+    assert compared > 400  # every training metric of four steps and three validations
+    assert metric_differences(expected, actual) == []
+
+
+def test_the_difficulty_states_saved_match_the_uninterrupted_runs(tiny_diva_run, crashed):
+    # The reference saved steps 3 and 4; the difficulty state of each is the same after three crashes.
+    for step in (DIVA_STEPS, DIVA_ALL_STEPS[-1]):
+        reference = load_state(checkpoint_state_path(tiny_diva_run["dir"] / "checkpoints" / f"global_step_{step}"))
+        again = load_state(checkpoint_state_path(crashed["dir"] / "checkpoints" / f"global_step_{step}"))
+        assert again["questions"] == reference["questions"]

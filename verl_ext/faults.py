@@ -1,0 +1,64 @@
+"""Fault injection for the crash tests: a process kills itself (SIGKILL) at a named point of a named step.
+
+``DIVA_FAULTS="<point>@<step>,..."`` arms the points; each fires once per run: before dying, the process leaves a
+mark in ``DIVA_FAULT_DIR`` (required with ``DIVA_FAULTS``), so the restarted job that resumes past that step runs
+on. The launchers pass both variables to every process of the job (``verl_ext.cpu.launch.runtime_env``). Unset,
+:func:`inject` is one dictionary lookup.
+
+Points (where the kill leaves the run):
+
+* ``after_difficulty_update`` (DIVA trainer): the difficulty service has applied step ``step``'s update, the step's
+  checkpoint is not written: the resumed run must start from the previous checkpoint's difficulty state;
+* ``checkpoint_save`` (toolkit trainer): step ``step``'s folder holds the method's own state (difficulty, planner)
+  but not verl's model, optimizer and data-loader state, and verl's ``latest_checkpointed_iteration.txt`` still
+  names the previous step: the partial folder must never be taken as the latest checkpoint;
+* ``rollout_generate`` (``hf_cpu`` server): the rollout server dies while generating with weights version ``step``
+  (the policy after ``step`` updates): the job must fail within a bounded time, naming what died.
+
+SIGKILL, not an exception: nothing of the dying process (``finally`` blocks, atexit, Ray's clean-up) runs, as
+when a node is preempted or the kernel's OOM killer strikes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+FAULTS_ENV = "DIVA_FAULTS"
+FAULT_DIR_ENV = "DIVA_FAULT_DIR"
+POINTS = ("after_difficulty_update", "checkpoint_save", "rollout_generate")
+
+
+def armed_faults(spec: str | None = None) -> set[tuple[str, int]]:
+    """The ``(point, step)`` pairs of ``spec`` (default: ``$DIVA_FAULTS``); ValueError naming a malformed entry."""
+    spec = os.environ.get(FAULTS_ENV, "") if spec is None else spec
+    faults = set()
+    for entry in filter(None, (part.strip() for part in spec.split(","))):
+        point, _, step = entry.partition("@")
+        if point not in POINTS or not step.isdigit():
+            raise ValueError(f"{FAULTS_ENV}: {entry!r} is not <point>@<step> with a point of {POINTS}")
+        faults.add((point, int(step)))
+    return faults
+
+
+def _mark(point: str, step: int) -> str:
+    folder = os.environ.get(FAULT_DIR_ENV)
+    if not folder:
+        raise ValueError(f"{FAULTS_ENV} is set but {FAULT_DIR_ENV} is not: a fault must leave a mark to fire once")
+    return os.path.join(folder, f"{point}@{step}.fired")
+
+
+def inject(point: str, step: int) -> None:
+    """SIGKILL this process if ``point@step`` is armed and has not fired in this run (its mark is written first)."""
+    if not os.environ.get(FAULTS_ENV) or (point, int(step)) not in armed_faults():
+        return
+    mark = _mark(point, int(step))
+    try:
+        fd = os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # atomic: one process fires it
+    except FileExistsError:
+        return
+    os.write(fd, f"pid {os.getpid()}\n".encode())
+    os.fsync(fd)
+    os.close(fd)
+    print(f"[fault] {point}@{step}: killing pid {os.getpid()} (SIGKILL)", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)

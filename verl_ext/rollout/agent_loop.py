@@ -1,0 +1,46 @@
+"""verl's single-turn agent loop with a sampling seed per request (``seeded_single_turn_agent``).
+
+verl's agent loop sends every request the same sampling params; the server's sampler then draws from its own
+stream (vLLM: one engine seed per replica), so a response's random numbers depend on which requests ran before it.
+:class:`SeededSingleTurnAgentLoop` adds ``seed`` = :func:`verl_ext.rollout.seeds.request_seed` of (the rollout's
+seed, the step, the prompt's uid, the response's index in its group) to each request's sampling params, which vLLM
+takes as ``SamplingParams.seed`` (a generator per request) and the ``hf_cpu`` server as its own generator's seed.
+
+Training prompts carry the trainer's run uids (:func:`verl_ext.rollout.seeds.prompt_uid`); verl draws validation
+uids with ``uuid4``, so a validation request is keyed by its prompt's content and dataset index instead.
+
+It is registered with verl's agent-loop registry by configuration (``rollout.agent.agent_loop_config_path``, the
+recipe's ``config/agent_loops.yaml``) and made the default loop by ``rollout.agent.default_agent_loop``; the agent
+loop workers build it by its dotted path. Subclasses change the request through :meth:`request_sampling_params`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+
+from verl_ext.rollout.seeds import content_key, is_run_uid, request_seed
+
+AGENT_LOOP_NAME = "seeded_single_turn_agent"
+
+
+def request_place(kwargs: dict[str, Any]) -> tuple[int, str, int]:
+    """(step, prompt key, response index) of the request verl's agent loop worker calls ``run`` with."""
+    uid = str(kwargs["uid"])
+    key = uid if is_run_uid(uid) else content_key(repr(kwargs.get("raw_prompt")), repr(kwargs.get("index")))
+    return int(kwargs.get("global_steps", 0) or 0), key, int(kwargs.get("session_id", 0))
+
+
+class SeededSingleTurnAgentLoop(SingleTurnAgentLoop):
+    """verl's ``single_turn_agent`` whose requests each carry their own sampling seed."""
+
+    def request_sampling_params(self, sampling_params: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The sampling params of this request: verl's, plus its seed. ``kwargs`` are the prompt's fields."""
+        step, key, response = request_place(kwargs)
+        params = dict(sampling_params)
+        params["seed"] = request_seed(int(self.rollout_config.seed), step, key, response)
+        return params
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs):
+        return await super().run(self.request_sampling_params(sampling_params, kwargs), **kwargs)

@@ -1,0 +1,80 @@
+"""verl's synchronous replay buffer, with the sampled batch in key order and a deadline on dead rollout actors.
+
+Plugged in through verl's own extension point, ``trainer.v1.sampler.custom_sampler`` (the recipe's config sets it):
+
+* **Key order.** verl's buffer returns a step's trajectories in the order they finished, which changes from run to
+  run (thread timing). Every later sum (the actor's gradient accumulation over micro-batches, the step's metric
+  means) then adds the same numbers in another order, and two runs of one seed drift apart in the last bits from
+  the first step. :meth:`OrderedReplayBuffer.sample` sorts them by ``(uid, session, output index)``: with the run's
+  uids (:mod:`verl_ext.rollout.seeds`) the order, and so every sum, is the same in every run of a seed.
+* **A dead rollout fails the job.** While it waits for rollouts, the buffer checks every ``liveness_check_s`` that
+  the actors the rollout needs are alive (:func:`verl_ext.rollout.liveness.dead_actors`, fed by the trainer through
+  :meth:`watch`), and raises :class:`RolloutDiedError` naming the dead ones: without it, a dead server's prompts
+  fail and are refilled forever, and a dead agent-loop worker's stay pending forever.
+
+verl builds a custom sampler with its base arguments only (no DAPO group filter, no failed-group refill): the
+toolkit trainers refuse those settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterable
+
+from transfer_queue import KVBatchMeta  # noqa: TC002 (verl's return type)
+from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
+
+from verl_ext.rollout.liveness import dead_actors
+
+LIVENESS_CHECK_S = 10.0
+
+
+class RolloutDiedError(RuntimeError):
+    """An actor the rollout needs (server, agent-loop worker, reward worker) died while a step waited for it."""
+
+
+def key_order(key: str) -> tuple[str, int, int]:
+    """``{uid}_{session}_{index}`` (verl's TransferQueue trajectory key) -> ``(uid, session, index)``."""
+    uid, session, index = key.rsplit("_", 2)
+    return uid, int(session), int(index)
+
+
+class OrderedReplayBuffer(ReplayBuffer):
+    """verl's ``ReplayBuffer`` (synchronous schedule) whose batches are in key order and whose waits fail fast when
+    a rollout actor died."""
+
+    liveness_check_s = LIVENESS_CHECK_S
+
+    def __init__(self, *args, trainer_mode: str = "sync", **kwargs):
+        if trainer_mode != "sync":
+            raise ValueError(
+                f"trainer.v1.sampler.custom_sampler=OrderedReplayBuffer serves the synchronous schedule, not "
+                f"trainer_mode={trainer_mode!r}; unset the custom sampler for verl's asynchronous buffer"
+            )
+        super().__init__(*args, trainer_mode=trainer_mode, **kwargs)
+        self._watched: Callable[[], Iterable[tuple[str, object]]] | None = None
+        self._last_check = time.monotonic()
+
+    def watch(self, actors: Callable[[], Iterable[tuple[str, object]]]) -> None:
+        """Check ``actors()`` (``(name, handle)`` pairs, asked anew at each check) while waiting for rollouts."""
+        self._watched = actors
+
+    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
+        batch, metrics = super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
+        order = sorted(range(len(batch.keys)), key=lambda i: key_order(batch.keys[i]))
+        keys, tags = [batch.keys[i] for i in order], [batch.tags[i] for i in order]
+        return dataclasses.replace(batch, keys=keys, tags=tags), metrics
+
+    def _wait_for_next_poll(self, partition_id: str, last_debug_time: float) -> float:
+        now = time.monotonic()
+        if self._watched is not None and now - self._last_check >= self.liveness_check_s:
+            self._last_check = now
+            dead = dead_actors(self._watched())
+            if dead:
+                raise RolloutDiedError(
+                    f"waiting for the {partition_id} rollouts, found dead: {'; '.join(dead)}. The job stops instead "
+                    "of waiting for rollouts that cannot come; resume it from its last checkpoint (MAX_RESTARTS=N "
+                    "in the launchers resubmits it)."
+                )
+        return super()._wait_for_next_poll(partition_id, last_debug_time)
