@@ -217,6 +217,20 @@ def _resumable_state(trainer, diva: bool):
     return trainer.batch_planner.state_dict() if trainer.batch_planner is not None else None
 
 
+def simulated_rollout_fields(cfg: DictConfig):
+    """What the configured agent loop adds to each trajectory's ``extra_fields`` (NC-GRPO's loop: the noise flag,
+    by its own code), for the simulated rollouts; ``None`` for verl's and the seeded loop, which add nothing."""
+    from verl_ext.nc_grpo.noise import AGENT_LOOP_NAME
+
+    rollout = cfg.actor_rollout_ref.rollout
+    if (rollout.get("agent", {}) or {}).get("default_agent_loop") != AGENT_LOOP_NAME:
+        return None
+    from verl_ext.nc_grpo.agent_loop import method_config, trajectory_fields
+
+    knobs = method_config(cfg)
+    return lambda kwargs: trajectory_fields(rollout, knobs, kwargs)
+
+
 def run_preflight(config: DictConfig) -> dict:
     """Run all checks; returns the summary (also printed). Raises :class:`PreflightError` on failure."""
     import transfer_queue as tq
@@ -276,11 +290,12 @@ def run_preflight(config: DictConfig) -> dict:
         checked = check_reward_on_gold(trainer.train_dataset, reward_fn)
         _log(f"reward OK: gold answers of {checked} rows score 1.0")
         # 5. steps on simulated rollouts, checkpoint at step PREFLIGHT_STEPS - 1
+        fields = simulated_rollout_fields(cfg)
         trainer.total_training_steps = PREFLIGHT_STEPS - 1
         # verl's file logger truncates its file when it opens: one file per trainer.
         os.environ["VERL_FILE_LOGGER_PATH"] = os.path.join(workdir, METRICS_LOGS[0])
         with stdout_to(full_log):  # verl prints every validation metric at the start and end of fit
-            trainer.fit(SimulatedAgentLoopManager(reward_fn, n=cfg.actor_rollout_ref.rollout.n))
+            trainer.fit(SimulatedAgentLoopManager(reward_fn, n=cfg.actor_rollout_ref.rollout.n, rollout_fields=fields))
         saved = _resumable_state(trainer, diva)
         if diva:
             if not saved:
@@ -296,7 +311,7 @@ def run_preflight(config: DictConfig) -> dict:
             raise PreflightError(f"the {what} after resume differs from the one saved with the checkpoint")
         os.environ["VERL_FILE_LOGGER_PATH"] = os.path.join(workdir, METRICS_LOGS[1])
         with stdout_to(full_log):
-            resumed.fit(SimulatedAgentLoopManager(reward_fn, n=cfg.actor_rollout_ref.rollout.n))
+            resumed.fit(SimulatedAgentLoopManager(reward_fn, n=cfg.actor_rollout_ref.rollout.n, rollout_fields=fields))
     finally:
         tq.close()
 

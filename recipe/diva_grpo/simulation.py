@@ -119,12 +119,21 @@ class SimulatedAgentLoopManager:
         reward_fn: verl custom reward function ``(data_source, solution_str, ground_truth, extra_info) -> dict``.
         n: rollouts per prompt (``actor_rollout_ref.rollout.n``).
         policy: decides each response.
+        rollout_fields: what the configured agent loop adds to each trajectory's ``extra_fields`` (NC-GRPO's noise
+            flag), from the request's fields (``uid``, ``global_steps``, ``session_id``, ...); ``None``: nothing.
     """
 
-    def __init__(self, reward_fn: Callable, n: int, policy: ScriptedPolicy | None = None):
+    def __init__(
+        self,
+        reward_fn: Callable,
+        n: int,
+        policy: ScriptedPolicy | None = None,
+        rollout_fields: Callable[[dict], dict] | None = None,
+    ):
         self.reward_fn = reward_fn
         self.n = n
         self.policy = policy or ScriptedPolicy()
+        self.rollout_fields = rollout_fields
         self.prompts_seen: list[dict] = []
 
     def generate_sequences(self, batch: TensorDict) -> None:
@@ -165,6 +174,8 @@ class SimulatedAgentLoopManager:
                 "max_global_steps": step,
             },
         )
+        if self.rollout_fields is not None:
+            output.extra_fields.update(self.rollout_fields({**prompt, "session_id": session}))
         field = output.as_dict()
         for name in ("uid", "extra_info", "data_source", "reward_model", "index", "global_steps"):
             if name in prompt:

@@ -145,7 +145,8 @@ class ToolkitTrainer(PPOTrainerSync):
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
         response_mask = data["response_mask"]
         extra_info = non_tensor_list(data.pop("extra_info")) if "extra_info" in needs else None
-        reward_extras = [self._reward_extras(fields) for fields in non_tensor_list(data.pop("extra_fields"))]
+        rollout_fields = non_tensor_list(data.pop("extra_fields"))
+        reward_extras = [self._reward_extras(fields) for fields in rollout_fields]
         uids = np.array(non_tensor_list(data.pop("uid")), dtype=object)
 
         self._check_single_turn(batch.keys)
@@ -177,6 +178,7 @@ class ToolkitTrainer(PPOTrainerSync):
             tensors={name: self._response_field(data, name)[idx] for name in sorted(needs & TENSOR_NEEDS)},
             extra_info=[extra_info[i] for i in rows] if extra_info is not None else None,
             reward_extra_info=[reward_extras[i] for i in rows] if "reward_extra_info" in needs else None,
+            rollout_fields=[rollout_fields[i] for i in rows] if "rollout_fields" in needs else None,
             global_step=int(self.global_steps),
             total_steps=int(getattr(self, "total_training_steps", 0) or 0),
             tokenizer=getattr(self, "tokenizer", None),

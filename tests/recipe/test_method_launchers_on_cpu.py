@@ -18,6 +18,7 @@ LAUNCHERS = {
     "codapo": (8, 128),
     "durian": (8, 128),
     "mupo": (15, 128),
+    "noise_contrastive_grpo": (8, 128),
     "pgpo": (5, 128),
 }
 # The GRPO baseline's launcher runs on the toolkit trainer too (tests/recipe/test_launchers_on_cpu.py composes it).

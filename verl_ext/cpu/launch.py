@@ -80,6 +80,25 @@ def _mupo_overrides(method: str, rollout_n: int) -> list[str]:
     return ["mupo.embedding.backend=hashing", f"mupo.min_size={max(1, (2 * rollout_n) // 3)}"]
 
 
+def _nc_grpo_overrides(method: str) -> list[str]:
+    """NC-GRPO on the hf_cpu rollout: its agent loop flags the noisy requests (the GPU launcher sets the same)."""
+    if method != "noise_contrastive_grpo":
+        return []
+    from verl_ext.nc_grpo.noise import AGENT_LOOP_NAME
+
+    return [f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_LOOP_NAME}"]
+
+
+def vllm_worker_extension(method: str) -> str:
+    """The worker extension of vLLM's CPU build for ``method``: NC-GRPO's noise extension with the CPU patch, or
+    the CPU patch alone (:data:`verl_ext.cpu.VLLM_WORKER_EXTENSION`)."""
+    if method == "noise_contrastive_grpo":
+        from verl_ext.nc_grpo.noise import CPU_NOISE_WORKER_EXTENSION
+
+        return CPU_NOISE_WORKER_EXTENSION
+    return VLLM_WORKER_EXTENSION
+
+
 # verl's defaults that need an accelerator or more memory, changed by both CPU routes: flash-attention and its
 # padding-free packing, FSDP1, bf16 autocast, torch.compile; micro-batches, loader workers and verl's 8 agent-loop
 # workers, reward workers and storage units (~10 GB) sized for the tiny run.
@@ -128,6 +147,7 @@ def method_overrides(method: str, questions: int, rollout_n: int) -> list[str]:
         ]
     return [
         *_mupo_overrides(method, rollout_n),
+        *_nc_grpo_overrides(method),
         f"algorithm.adv_estimator={estimator}",
         f"trainer.v1.trainer_mode={trainer_mode}",
         "data.custom_cls.path=null",
@@ -298,9 +318,10 @@ VLLM_CPU_CHANGES: tuple[CpuChange, ...] = (
     ),
     CpuChange("rollout.max_num_seqs=16", (f"{_AR}.rollout.max_num_seqs",), "size: one step's 16 requests at once"),
     CpuChange(
-        "rollout.engine_kwargs.vllm.worker_extension_cls",
+        "rollout.engine_kwargs.vllm.worker_extension_cls (NC-GRPO: WORKER_EXTENSION)",
         (f"{_AR}.rollout.engine_kwargs.vllm.worker_extension_cls",),
-        "device: vLLM's CPU build drops linear weights after loading (patch keep_cpu_linear_weights)",
+        "device: vLLM's CPU build drops linear weights after loading (patch keep_cpu_linear_weights; NC-GRPO: its "
+        "noise extension with that patch, CpuNoiseWorkerExtension)",
     ),
     CpuChange(
         "rollout.calculate_log_probs=true, actor.checkpoint.save_contents+=hf_model",
@@ -352,7 +373,10 @@ def vllm_launcher_env(
     """The GPU launcher's variables for the CPU run (see :data:`VLLM_CPU_CHANGES`): DIVA gets ``rollout_n``
     responses for each of its 2 prompts per question, the other methods ``2 * rollout_n`` for their one."""
     diva = _is_diva(method)
+    extension = vllm_worker_extension(method)
+    own = {"WORKER_EXTENSION": extension} if extension != VLLM_WORKER_EXTENSION else {}
     return {
+        **own,
         "MODEL_PATH": paths["model"],
         "TRAIN_FILES": paths["train"],
         "VAL_FILES": paths["val"],
@@ -373,16 +397,23 @@ def vllm_launcher_env(
     }
 
 
-def vllm_engine_overrides() -> list[str]:
+def vllm_engine_overrides(method: str = "diva") -> list[str]:
     """What vLLM's CPU build needs of verl's vLLM rollout (see :data:`VLLM_CPU_CHANGES`); the rollout name is
-    verl's default, ``vllm``."""
+    verl's default, ``vllm``. NC-GRPO's launcher names its own worker extension (its ``WORKER_EXTENSION``, which
+    :func:`vllm_launcher_env` sets to the CPU variant), so none is added for it here."""
+    extension = vllm_worker_extension(method)
+    own = (
+        []
+        if extension != VLLM_WORKER_EXTENSION
+        else [f"+actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls={extension}"]
+    )
     return [
         "actor_rollout_ref.rollout.dtype=float32",
         "actor_rollout_ref.rollout.enforce_eager=true",
         "+actor_rollout_ref.rollout.enable_sleep_mode=false",
         "actor_rollout_ref.rollout.free_cache_engine=false",
         "actor_rollout_ref.rollout.max_num_seqs=16",
-        f"+actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls={VLLM_WORKER_EXTENSION}",
+        *own,
     ]
 
 
@@ -394,7 +425,7 @@ def vllm_cpu_overrides(*, method: str = "diva", steps: int = 3, rollout_n: int =
         f"trainer.total_training_steps={steps}",
         "trainer.resume_mode=auto",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
-        *vllm_engine_overrides(),
+        *vllm_engine_overrides(method),
         "actor_rollout_ref.rollout.calculate_log_probs=true",
         *_reward_overrides("separating"),
     ]

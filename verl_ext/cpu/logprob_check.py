@@ -18,6 +18,11 @@ computed by transformers' own M-RoPE) and compares
 
 Both gaps are float32 rounding (~1e-7 per token) when the weights are synced; a rollout one update behind is
 orders of magnitude off (``tests/e2e/test_tiny_cpu_vllm_on_cpu.py`` checks the same run against stale weights).
+
+NC-GRPO's noisy responses (``extra_fields["nc_grpo_noisy"]``) were sampled from a displaced first-token
+distribution: their first token is left out of the rollout comparison, and only that token (the actor's
+``old_log_probs`` are unperturbed and compared on every token). Its gap is reported apart
+(``noisy_first_tokens``, ``noisy_first_gap_mean``): it shows the noise reached the server.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ class StepGap:
     rollout_max: float
     actor_mean: float
     actor_max: float
+    noisy_first_tokens: int = 0
+    noisy_first_gap_mean: float = 0.0
 
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -142,14 +149,24 @@ def recomputed_logprobs(
 
 def step_gap(record: dict, weights: str, processor, tokenizer, temperature: float) -> StepGap:
     """Both gaps of one probed step (see the module docstring) against the HF weights in ``weights``."""
-    rollout_gaps, actor_gaps = [], []
+    from verl_ext.nc_grpo.noise import FLAG_FIELD
+
+    rollout_gaps, actor_gaps, noisy_first = [], [], []
+    extra_fields = record.get("extra_fields") or [{}] * len(record["input_ids"])
     for i, (full, allowed_lp) in recomputed_logprobs(record, weights, processor, tokenizer, temperature).items():
         length = len(full)
-        rollout_gaps.append((record["rollout_log_probs"][i, :length].float() - allowed_lp).abs())
+        gap = (record["rollout_log_probs"][i, :length].float() - allowed_lp).abs()
+        fields = extra_fields[i] if isinstance(extra_fields[i], dict) else {}
+        if fields.get(FLAG_FIELD):
+            noisy_first.append(gap[0])
+            gap = gap[1:]
+        rollout_gaps.append(gap)
         actor_gaps.append((record["old_log_probs"][i, :length].float() - full).abs())
     if not rollout_gaps:
         raise LogprobCheckError(f"step {record['step']}: no response tokens recorded")
     rollout, actor = torch.cat(rollout_gaps), torch.cat(actor_gaps)
+    if rollout.numel() == 0:
+        raise LogprobCheckError(f"step {record['step']}: no response token left besides the noisy first tokens")
     return StepGap(
         step=int(record["step"]),
         weights=weights,
@@ -158,6 +175,8 @@ def step_gap(record: dict, weights: str, processor, tokenizer, temperature: floa
         rollout_max=float(rollout.max()),
         actor_mean=float(actor.mean()),
         actor_max=float(actor.max()),
+        noisy_first_tokens=len(noisy_first),
+        noisy_first_gap_mean=float(torch.stack(noisy_first).mean()) if noisy_first else 0.0,
     )
 
 

@@ -35,6 +35,10 @@ from verl.workers.rollout.replica import RolloutMode, RolloutReplica, TokenOutpu
 
 from verl_ext import faults
 from verl_ext.cpu import ROLLOUT_NAME
+from verl_ext.nc_grpo.hf_hook import prefill_noise
+from verl_ext.nc_grpo.noise import request_noise
+
+NOISE_RECORDS = 256
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +88,8 @@ class HFCpuServer:
         self.max_model_len = self.config.max_model_len or (self.config.prompt_length + self.config.response_length)
         # Model weights version, an integer as verl's metrics expect; set by the adapter after each sync.
         self.global_steps = 0
+        # NC-GRPO's applied displacements, the last NOISE_RECORDS (tests compare them with vLLM's).
+        self.nc_grpo_applied: list[dict] = []
         self._lock = threading.Lock()
         self._generation_allowed = asyncio.Event()
         self._generation_allowed.set()
@@ -111,7 +117,9 @@ class HFCpuServer:
         }
 
     @torch.no_grad()
-    def _sample(self, prompt_ids: list[int], sampling_params: dict, vision: dict) -> tuple[list[int], list[float]]:
+    def _sample(
+        self, prompt_ids: list[int], sampling_params: dict, vision: dict, request_id: str = ""
+    ) -> tuple[list[int], list[float]]:
         """Sample with ``model.generate``; returns the new token ids and their log-probs (shape: one per token)."""
         max_tokens = sampling_params.get("max_tokens") or sampling_params.get("max_new_tokens")
         budget = min(self.config.response_length, self.max_model_len - len(prompt_ids))
@@ -137,12 +145,18 @@ class HFCpuServer:
         seed = sampling_params.get("seed")
         # A seeded request draws from its own stream (as vLLM's per-request generator): fork_rng restores the
         # process's stream afterwards, so an unseeded request's draws do not depend on the seeded ones.
-        with torch.random.fork_rng(devices=[], enabled=seed is not None):
+        # NC-GRPO: a flagged request's prefill sees the displaced final hidden state (verl_ext/nc_grpo/hf_hook.py).
+        noise = request_noise(sampling_params)
+        with (
+            torch.random.fork_rng(devices=[], enabled=seed is not None),
+            prefill_noise(self.model, noise, request_id, self.nc_grpo_applied),
+        ):
             if seed is not None:
                 torch.manual_seed(int(seed))
             out = self.model.generate(
                 input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **vision, **kwargs
             )
+        del self.nc_grpo_applied[:-NOISE_RECORDS]
         new_ids = out.sequences[0, input_ids.shape[1] :]
         # Raw logits of each step (B=1, V) -> the actor's log-prob of the sampled token.
         logits = torch.stack(out.logits, dim=0)[:, 0, :].float()
@@ -167,7 +181,7 @@ class HFCpuServer:
 
         def run():
             with self._lock:  # one request at a time: the CPU has no room for concurrent forward passes
-                return self._sample(list(prompt_ids), dict(sampling_params), vision)
+                return self._sample(list(prompt_ids), dict(sampling_params), vision, request_id)
 
         token_ids, log_probs = await asyncio.to_thread(run)
         stop = "completed" if token_ids and token_ids[-1] == self.tokenizer.eos_token_id else "length"
@@ -201,6 +215,10 @@ class HFCpuServer:
 
     def get_global_steps(self) -> int:
         return self.global_steps
+
+    def nc_grpo_applied_noise(self) -> list[dict]:
+        """NC-GRPO's recent displacements (:func:`verl_ext.nc_grpo.noise.applied_record`), oldest first."""
+        return list(self.nc_grpo_applied)
 
     # Memory release makes no sense for a CPU copy; generation is gated so no request runs during a sync.
     async def sleep(self):

@@ -29,8 +29,20 @@ from verl_ext.config import config_block
 #   blind_log_probs    (R, T) old-policy log-probs with the visual tokens hidden (written by a pre-advantage pass)
 #   extra_info         the dataset row's extra_info per response (question ids, difficulties, visual entropy)
 #   reward_extra_info  the reward function's extra keys per response (e.g. ``acc``)
-KNOWN_NEEDS = frozenset({"old_log_probs", "responses", "blind_log_probs", "extra_info", "reward_extra_info"})
-TENSOR_NEEDS = frozenset({"old_log_probs", "responses", "blind_log_probs"})
+#   rollout_fields     the agent loop's ``extra_fields`` per response (NC-GRPO's noise flag)
+#   rollout_log_probs  (R, T) the rollout server's log-probs of the sampled tokens (rollout.calculate_log_probs)
+KNOWN_NEEDS = frozenset(
+    {
+        "old_log_probs",
+        "responses",
+        "blind_log_probs",
+        "extra_info",
+        "reward_extra_info",
+        "rollout_fields",
+        "rollout_log_probs",
+    }
+)
+TENSOR_NEEDS = frozenset({"old_log_probs", "responses", "blind_log_probs", "rollout_log_probs"})
 
 
 @dataclass
@@ -46,6 +58,7 @@ class AdvantageInputs:
         tensors: the ``(R, T)`` fields of :data:`TENSOR_NEEDS` the method declared.
         extra_info: per response, the dataset row's ``extra_info`` dict (when declared).
         reward_extra_info: per response, the reward function's extra keys (when declared).
+        rollout_fields: per response, the agent loop's ``extra_fields`` dict (when declared).
         global_step: the step being trained (verl's ``global_steps``, 1-based).
         total_steps: the run's ``total_training_steps``.
         tokenizer: the trainer's tokenizer (to decode ``responses``).
@@ -58,6 +71,7 @@ class AdvantageInputs:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     extra_info: list[dict] | None = None
     reward_extra_info: list[dict] | None = None
+    rollout_fields: list[dict] | None = None
     global_step: int = 0
     total_steps: int = 0
     tokenizer: Any = None
