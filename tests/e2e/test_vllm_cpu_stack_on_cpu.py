@@ -138,7 +138,9 @@ def _hydra_key(override: str) -> str:
     return override.lstrip("+~").split("=", 1)[0]
 
 
-@pytest.mark.parametrize("method", ["diva", "grpo", "avspo", "codapo", "durian", "pgpo", "mupo"])
+@pytest.mark.parametrize(
+    "method", ["diva", "grpo", "avspo", "codapo", "durian", "pgpo", "mupo", "noise_contrastive_grpo"]
+)
 def test_cpu_vllm_run_is_the_gpu_launchers_run_with_the_listed_changes(tmp_path, method):
     """Every config value the CPU run changes in the method's GPU launcher run is one of VLLM_CPU_CHANGES, the
     rollout stays verl's vLLM, and no key is set twice (the CPU's overrides come after the launcher's own)."""

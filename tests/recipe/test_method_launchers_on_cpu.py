@@ -77,4 +77,15 @@ def test_method_preflight_passes(method, local_ray, tmp_path, monkeypatch, capsy
     summary = run_preflight(cfg)
     assert summary["steps"] == [1, 2, 3] and summary["method"] == method
     assert any(key.startswith(f"{method}/collapse_rate") for key in summary)
+    if method == "noise_contrastive_grpo":
+        # The simulated rollouts carry the flags of NC-GRPO's own agent loop code: half of each group, every step.
+        import json
+
+        logged = [
+            json.loads(line)["data"]
+            for path in tmp_path.glob("*/*.jsonl")
+            for line in path.read_text().splitlines()
+            if "noise_contrastive_grpo/advantage/mean" in line
+        ]
+        assert len(logged) == 3 and all(entry[f"{method}/noisy_fraction"] == 0.5 for entry in logged)
     assert f"PASSED: config, data, reward, {method} steps, checkpoint and resume" in capsys.readouterr().out

@@ -1,0 +1,155 @@
+"""NC-GRPO trained for real on the CPU, once per rollout backend, with a checkpoint and a resume.
+
+* vLLM (the GPU stack's environment; ``DIVA_REQUIRE_VLLM=1`` fails instead of skipping): ``ROLLOUT=vllm
+  METHOD=noise_contrastive_grpo run_scripts/tiny_cpu.sh``, two steps, a checkpoint, a fresh trainer resumes for a
+  third; the launcher's checks pass, the exact log-prob check among them, with the noisy first tokens left out,
+  and those tokens' own gap shows that vLLM's worker extension noised them.
+* ``hf_cpu``: the run's own check compares verl's ``rollout_corr/log_ppl_abs_diff`` with the actor's, which here
+  includes the noisy first tokens by design, so the launcher's train-and-resume block cannot judge this method
+  (README, NC-GRPO). Two launches instead: two steps and a checkpoint, then a fresh launch that resumes from it for
+  a third; the same checks, on the method's own gap of every token but the noisy first ones.
+
+Both: every step logs the noisy fraction, each half's accuracy and the zero-advantage fraction; the actor's inputs
+of every step hold exactly ``rollout.n / 2`` flagged responses per prompt, the very ones the seeded choice names
+for the step and uid, carried in the same row as their response.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+from verl_ext.nc_grpo.noise import FLAG_FIELD, SEED_FIELD, noise_seed, noisy_responses
+
+ROOT = Path(__file__).resolve().parents[2]
+METHOD = "noise_contrastive_grpo"
+N = 8  # responses per prompt on the tiny run (2 x rollout_n)
+CLEARED = ("RAY_ADDRESS", "VERL_PLATFORM", "DIVA_CPU_PROBE_DIR", "VERL_FILE_LOGGER_ROOT")
+
+pytestmark = [pytest.mark.gpu_stack, pytest.mark.timeout(2400)]
+
+
+def _launch(workdir: Path, run_dir: Path, timeout: int, *overrides: str, **settings: str) -> str:
+    env = {**os.environ, "WORKDIR": str(workdir), "RUN_DIR": str(run_dir), "METHOD": METHOD, **settings}
+    for name in CLEARED:
+        env.pop(name, None)
+    proc = subprocess.run(
+        ["bash", "run_scripts/tiny_cpu.sh", *overrides],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-8000:]
+    return output
+
+
+def _metrics(run_dir: Path) -> dict[int, dict]:
+    out = {}
+    for path in glob.glob(str(run_dir / "metrics" / "*" / "*.jsonl")):
+        for line in Path(path).read_text().splitlines():
+            entry = json.loads(line)
+            if "actor/pg_loss" in entry["data"]:
+                out[entry["step"]] = entry["data"]
+    return out
+
+
+def _check_metrics(metrics: dict[int, dict], steps: list[int]) -> None:
+    assert sorted(metrics) == steps
+    for data in metrics.values():
+        assert data[f"{METHOD}/noisy_fraction"] == 0.5
+        for key in ("accuracy/noisy", "accuracy/clean", "advantage/zero_fraction", "collapse_rate"):
+            assert f"{METHOD}/{key}" in data, key
+        assert torch.isfinite(torch.tensor(data["actor/grad_norm"])) and data["actor/grad_norm"] > 0
+
+
+def _check_flags(run_dir: Path, steps: list[int], run_seed: int) -> int:
+    """Flags of every probed step against the seeded choice; returns the number of flagged responses seen."""
+    flagged = 0
+    for step in steps:
+        record = torch.load(run_dir / "probe" / f"actor_inputs_step{step}.pt", weights_only=False)
+        by_prompt: dict[str, set] = {}
+        for key, fields, padding in zip(record["keys"], record["extra_fields"], record["is_padding"], strict=True):
+            if padding:
+                continue
+            uid, session, _ = key.rsplit("_", 2)
+            noisy = bool(fields[FLAG_FIELD])
+            if noisy:
+                by_prompt.setdefault(uid, set()).add(int(session))
+                assert fields[SEED_FIELD] == noise_seed(run_seed, step, uid, int(session))
+            else:
+                by_prompt.setdefault(uid, set())
+                assert fields[SEED_FIELD] == -1
+        assert by_prompt
+        for uid, sessions in by_prompt.items():
+            assert sessions == set(noisy_responses(run_seed, step, uid, N, 0.5)), (step, uid)
+            flagged += len(sessions)
+    return flagged
+
+
+def test_hf_cpu_trains_checkpoints_and_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    _launch(tmp_path, run_dir, 1100, STEPS="2", RESUME_STEPS="0")
+    assert (run_dir / "checkpoints" / "global_step_2").is_dir()
+    first = _metrics(run_dir)
+    # A fresh launch: verl resumes from global_step_2 (trainer.resume_mode=auto) and trains step 3.
+    out = _launch(
+        tmp_path,
+        run_dir,
+        1100,
+        f"trainer.experiment_name=tiny_cpu_{METHOD}_resumed",
+        STEPS="3",
+        RESUME_STEPS="0",
+    )
+    assert "Training from scratch" not in out
+    both = _metrics(run_dir)
+    _check_metrics(both, [1, 2, 3])
+    assert sorted(first) == [1, 2] and json.loads((run_dir / "probe" / "train_begin_step3.json").read_text())
+    # rollout.seed: the tiny run's seed (0).
+    assert _check_flags(run_dir, [1, 2, 3], 0) == 3 * 2 * N // 2
+    for data in both.values():
+        # hf_cpu's log-probs are the actor's: every token but the noisy first ones agrees to float rounding, and
+        # those were sampled from the displaced distribution (the noise reached the server).
+        other = data[f"{METHOD}/rollout_logprob_gap/other_tokens"]
+        assert other < 1e-4
+        assert data[f"{METHOD}/rollout_logprob_gap/noisy_first_token"] > 100 * other
+
+
+def _require_vllm():
+    try:
+        import vllm  # noqa: F401
+    except ImportError as err:
+        if os.environ.get("DIVA_REQUIRE_VLLM") == "1":
+            pytest.fail(f"DIVA_REQUIRE_VLLM=1 but vLLM does not import here ({err}): run_scripts/setup_vllm_cpu.sh")
+        pytest.skip("needs the GPU stack's environment (bash run_scripts/setup_vllm_cpu.sh DIR)")
+
+
+def test_vllm_trains_resumes_and_passes_the_exact_check_without_the_noisy_first_tokens(tmp_path):
+    _require_vllm()
+    from verl_ext.cpu.logprob_check import check_rollout_logprobs, weights_by_step
+
+    run_dir = tmp_path / "run"
+    out = _launch(tmp_path, run_dir, 1500, ROLLOUT="vllm", STEPS="2", RESUME_STEPS="1")
+    assert f"GPU launcher run_scripts/qwen25vl7b_{METHOD}.sh" in out and "[cpu] PASSED" in out
+    summary = json.loads([line for line in out.splitlines() if "[cpu] summary " in line][-1].split("summary ", 1)[1])
+    check = summary["logprob_check"]
+    assert check["steps"] == [1, 2, 3] and check["rollout_gap_mean"] < 1e-5 and check["actor_gap_mean"] < 1e-5
+    _check_metrics(_metrics(run_dir), [1, 2, 3])
+    # rollout.seed: the GPU launcher leaves verl's default, 42.
+    assert _check_flags(run_dir, [1, 2, 3], 42) == 3 * 2 * N // 2
+    model = str(tmp_path / "tiny_qwen2_vl")
+    gaps = check_rollout_logprobs(
+        str(run_dir / "probe"), weights_by_step(model, [str(run_dir / "checkpoints")]), model, 1.0
+    )
+    for gap in gaps:
+        assert gap.noisy_first_tokens == 2 * N // 2
+        # The noisy first tokens left out were sampled from the displaced distribution: far beyond rounding.
+        assert gap.noisy_first_gap_mean > 100 * gap.rollout_mean
