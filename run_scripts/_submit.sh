@@ -16,6 +16,14 @@ if [ "${DIVA_PRINT_ONLY:-0}" = "1" ]; then
   exit 0
 fi
 
+# MAX_RESTARTS=N: a job that fails is submitted again, up to N times, with trainer.resume_mode=auto (verl resumes from
+# the latest complete checkpoint in trainer.default_local_dir; the earlier attempts' metrics logs are kept).
+MAX_RESTARTS="${MAX_RESTARTS:-0}"
+if ! [[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]]; then
+  echo "error: MAX_RESTARTS=$MAX_RESTARTS: expected how many times to resubmit a failed job (0, the default: never)" >&2
+  exit 2
+fi
+
 if [ "${DRY_RUN:-0}" != "1" ] && [ "${CPU_E2E:-0}" != "1" ] && [ -z "${RAY_ADDRESS:-}" ]; then
   GPU_LIST="$(nvidia-smi -L 2>/dev/null || true)"
   if [[ "$GPU_LIST" != *GPU* ]]; then
@@ -65,6 +73,17 @@ if [ -z "${RAY_ADDRESS:-}" ]; then
   export RAY_AUTH_MODE=token
   RAY_AUTH_TOKEN="$(python3 -c 'import secrets; print(secrets.token_hex(32))')"
   export RAY_AUTH_TOKEN
+  # Keep the head on this machine. `ray start` replaces --node-ip-address=127.0.0.1 by the machine's external address
+  # (ray/_private/services.py resolve_ip_for_localhost) unless multi-node clusters are off, and every Ray server
+  # (GCS, raylet, object manager, agents, client server, workers) binds the node address: with this, all of them
+  # bind 127.0.0.1 and the job's driver connects there. The cost: no other machine can join this head. Every process
+  # that talks to the GCS by 127.0.0.1 needs it too; the job's processes inherit it from the head.
+  export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
+  # The metrics servers of the dashboard and the autoscaler have fixed default ports (44227, 44217) that a second
+  # head on the machine would find taken; vLLM's own sockets use the machine's address unless VLLM_HOST_IP is set.
+  DASHBOARD_METRIC_PORT="$(free_port)"
+  AUTOSCALER_METRIC_PORT="$(free_port)"
+  export DASHBOARD_METRIC_PORT AUTOSCALER_METRIC_PORT VLLM_HOST_IP=127.0.0.1
   echo "[diva] starting a local Ray head on 127.0.0.1 (gcs :$GCS_PORT, dashboard :$DASH_PORT)"
   # --block keeps `ray start` in the foreground of this background job: killing it stops this head only.
   ray start --head --block --node-ip-address=127.0.0.1 --port="$GCS_PORT" \
@@ -84,13 +103,6 @@ if [ -z "${RAY_ADDRESS:-}" ]; then
   done
 fi
 
-# MAX_RESTARTS=N: a job that fails is submitted again, up to N times, with trainer.resume_mode=auto (verl resumes from
-# the latest complete checkpoint in trainer.default_local_dir; the earlier attempts' metrics logs are kept).
-MAX_RESTARTS="${MAX_RESTARTS:-0}"
-if ! [[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]]; then
-  echo "error: MAX_RESTARTS=$MAX_RESTARTS: expected how many times to resubmit a failed job (0, the default: never)" >&2
-  exit 2
-fi
 JOB_ARGS=("$@")
 attempt=1
 while :; do

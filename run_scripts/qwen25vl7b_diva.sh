@@ -4,6 +4,8 @@
 # overrides can be appended as arguments. DRY_RUN=1 runs the CPU preflight instead of training.
 #   bash run_scripts/qwen25vl7b_diva.sh                      # train (needs GPUs or RAY_ADDRESS)
 #   DRY_RUN=1 bash run_scripts/qwen25vl7b_diva.sh            # CPU preflight, about a minute
+#   MAX_RESTARTS=3 bash run_scripts/qwen25vl7b_diva.sh       # a failed job is resubmitted (up to 3 times) and
+#                                                            # resumes from its latest complete checkpoint
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

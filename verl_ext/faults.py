@@ -13,7 +13,9 @@ Points (where the kill leaves the run):
   but not verl's model, optimizer and data-loader state, and verl's ``latest_checkpointed_iteration.txt`` still
   names the previous step: the partial folder must never be taken as the latest checkpoint;
 * ``rollout_generate`` (``hf_cpu`` server): the rollout server dies while generating with weights version ``step``
-  (the policy after ``step`` updates): the job must fail within a bounded time, naming what died.
+  (the policy after ``step`` updates): the job must fail within a bounded time, naming what died;
+* ``agent_loop_run`` (the seeded agent loop): an agent-loop worker dies while it runs a request of step ``step``:
+  its prompts never finish, and the job must fail within a bounded time, naming it.
 
 SIGKILL, not an exception: nothing of the dying process (``finally`` blocks, atexit, Ray's clean-up) runs, as
 when a node is preempted or the kernel's OOM killer strikes.
@@ -26,7 +28,7 @@ import signal
 
 FAULTS_ENV = "DIVA_FAULTS"
 FAULT_DIR_ENV = "DIVA_FAULT_DIR"
-POINTS = ("after_difficulty_update", "checkpoint_save", "rollout_generate")
+POINTS = ("after_difficulty_update", "checkpoint_save", "rollout_generate", "agent_loop_run")
 
 
 def armed_faults(spec: str | None = None) -> set[tuple[str, int]]:

@@ -1,7 +1,8 @@
 """The DIVA run the end-to-end tests share: one launch of ``run_scripts/tiny_cpu.sh`` on the ``hf_cpu`` rollout.
 
-It serves the training checks (``test_tiny_cpu_training_on_cpu.py``) and is the uninterrupted reference the crash
-run is compared with (``test_crash_resume_on_cpu.py``): one launch for both, started by whichever needs it first.
+It serves the training checks (``test_tiny_cpu_training_on_cpu.py``), is the uninterrupted reference the crash run is
+compared with (``test_crash_resume_on_cpu.py``) and shows what the local head listens on (``test_loopback_on_cpu.py``):
+one launch for all, started by whichever needs it first.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ def tiny_diva_run(tmp_path_factory):
     require_torchvision()
     workdir = tmp_path_factory.mktemp("tiny_cpu")
     run_dir = workdir / "run"
+    sockets: set = set()
     output, summary = launch_tiny_cpu(
-        workdir, run_dir, 840, METHOD="diva", STEPS=str(DIVA_STEPS), RESUME_STEPS=str(DIVA_RESUME_STEPS)
+        workdir, run_dir, 840, sockets, METHOD="diva", STEPS=str(DIVA_STEPS), RESUME_STEPS=str(DIVA_RESUME_STEPS)
     )
     config = OmegaConf.load(ROOT / "recipe" / "diva_grpo" / "config" / "diva_grpo.yaml")
     records = {}
@@ -45,4 +47,5 @@ def tiny_diva_run(tmp_path_factory):
         "records": records,
         "diva": diva_config_from(config.diva),
         "output": output,
+        "sockets": sockets,
     }

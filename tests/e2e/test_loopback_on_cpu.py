@@ -1,0 +1,30 @@
+"""A single-machine run keeps to this machine: every socket the local Ray head and the job's processes listen on is
+bound to loopback, and the job's driver connects to the head through 127.0.0.1 (``run_scripts/_submit.sh``).
+
+The shared DIVA launch (``tests/e2e/conftest.py``) was sampled each second for the listening sockets of its whole
+process tree (``ray start`` and the GCS, raylet, dashboard, agents, client server, the job's workers, TransferQueue,
+the rollout server): none may be on another address.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from tiny_launch import LOOPBACK, TORCH_STORE
+
+pytestmark = [pytest.mark.gpu_stack, pytest.mark.timeout(900)]
+
+
+def test_the_head_and_the_job_listen_on_loopback_only(tiny_diva_run):
+    sockets = tiny_diva_run["sockets"]
+    names = {name for _, _, name in sockets}
+    # The sampling saw the head's servers and the job's workers, not just the launcher.
+    assert {"gcs_server", "raylet"} <= names and any(name.startswith("ray::") for name in names)
+    # The one exception, listed in the README: torch.distributed's store, which binds every interface.
+    assert sorted(s for s in sockets if s[1] not in LOOPBACK and not s[2].endswith(TORCH_STORE)) == []
+
+
+def test_the_jobs_driver_connects_through_loopback(tiny_diva_run):
+    used = re.findall(r"Using address (\S+?):\d+ set in the environment variable RAY_ADDRESS", tiny_diva_run["output"])
+    assert used and set(used) == {"127.0.0.1"}

@@ -1,0 +1,65 @@
+"""Fault injection fires once, where armed, with SIGKILL; a restarted job keeps the earlier metrics log."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from verl_ext.faults import FAULT_DIR_ENV, FAULTS_ENV, armed_faults, inject
+from verl_ext.metrics_log import keep_previous_log, metrics_log_path
+
+
+def test_armed_faults_parses_and_names_a_bad_entry():
+    assert armed_faults("checkpoint_save@2, rollout_generate@3") == {("checkpoint_save", 2), ("rollout_generate", 3)}
+    assert armed_faults("") == set()
+    with pytest.raises(ValueError, match="'checkpoint@2' is not <point>@<step>"):
+        armed_faults("checkpoint@2")
+    with pytest.raises(ValueError, match="DIVA_FAULTS"):
+        armed_faults("checkpoint_save@two")
+
+
+def _inject_in_a_child(tmp_path, point: str, step: int) -> subprocess.CompletedProcess:
+    code = f"from verl_ext.faults import inject; inject({point!r}, {step}); print('survived')"
+    env = {**os.environ, FAULTS_ENV: "after_difficulty_update@3", FAULT_DIR_ENV: str(tmp_path)}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_a_fault_kills_its_process_with_sigkill_once(tmp_path):
+    first = _inject_in_a_child(tmp_path, "after_difficulty_update", 3)
+    assert first.returncode == -signal.SIGKILL and "survived" not in first.stdout
+    assert (tmp_path / "after_difficulty_update@3.fired").exists()
+    again = _inject_in_a_child(tmp_path, "after_difficulty_update", 3)  # the restarted job runs on
+    assert again.returncode == 0 and "survived" in again.stdout
+    elsewhere = _inject_in_a_child(tmp_path, "after_difficulty_update", 2)
+    assert elsewhere.returncode == 0
+
+
+def test_inject_is_inert_unless_armed_and_needs_a_mark_folder(monkeypatch):
+    monkeypatch.delenv(FAULTS_ENV, raising=False)
+    inject("checkpoint_save", 1)  # unset: nothing happens
+    monkeypatch.setenv(FAULTS_ENV, "checkpoint_save@1")
+    monkeypatch.delenv(FAULT_DIR_ENV, raising=False)
+    with pytest.raises(ValueError, match=FAULT_DIR_ENV):
+        inject("checkpoint_save", 1)
+
+
+def test_keep_previous_log_keeps_every_attempt(tmp_path, monkeypatch):
+    monkeypatch.delenv("VERL_FILE_LOGGER_PATH", raising=False)
+    monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(tmp_path))
+    path = metrics_log_path("proj", "exp")
+    assert path == str(tmp_path / "proj" / "exp.jsonl")
+    assert keep_previous_log(path) is None  # nothing yet
+    os.makedirs(os.path.dirname(path))
+    for attempt in (1, 2):
+        with open(path, "w") as f:
+            f.write(f'{{"step": {attempt}, "data": {{}}}}\n')
+        assert keep_previous_log(path) == str(tmp_path / "proj" / f"exp.attempt{attempt}.jsonl")
+    open(path, "w").close()
+    assert keep_previous_log(path) is None  # an empty file holds nothing to keep
+    assert (tmp_path / "proj" / "exp.attempt2.jsonl").read_text().startswith('{"step": 2')
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "given.jsonl"))
+    assert metrics_log_path("proj", "exp") == str(tmp_path / "given.jsonl")
