@@ -212,3 +212,23 @@ def test_both_backends_noise_the_same_requests_by_the_same_vector(server, vllm_e
             want = C * record["hidden"].norm() / math.sqrt(d) * xi
             assert torch.allclose(record["displacement"], want, atol=1e-5)
         assert torch.allclose(ours["displacement"], hf["displacement"], atol=1e-4, rtol=1e-4)
+
+    # vLLM's own tokens: a clean request's log-probs are the unperturbed model's on every token; a flagged one's on
+    # every token but the first, which is lm_head(h~)'s (vLLM's log-probs: raw, over the whole vocabulary, T = 1).
+    head = server.model.get_output_embeddings()
+    for out, entry in zip(outputs, entries, strict=True):
+        new_ids = list(out.outputs[0].token_ids)
+        served = torch.tensor([lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, new_ids, strict=True)])
+        full = torch.tensor([ids + new_ids])
+        with torch.no_grad():
+            logits = server.model(input_ids=full, attention_mask=torch.ones_like(full)).logits[0, len(ids) - 1 : -1]
+        clean = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(new_ids)[:, None]).squeeze(-1)
+        if entry is None:
+            assert torch.allclose(served, clean, atol=1e-4)
+            continue
+        record = vllm_records[entry["seed"]]
+        with torch.no_grad():
+            noisy_first = torch.log_softmax(head(record["hidden"] + record["displacement"]).float(), -1)
+        assert float(served[0]) == pytest.approx(float(noisy_first[new_ids[0]]), abs=1e-4)
+        assert abs(float(served[0] - clean[0])) > 1e-3
+        assert len(new_ids) > 2 and torch.allclose(served[1:], clean[1:], atol=1e-4)
