@@ -8,6 +8,7 @@ and every later decoding step are the unperturbed model's.
 
 Modules: :mod:`.noise` (flags, seeds, the noise vector and the displacement: the same code in both backends),
 :mod:`.agent_loop` (the registered agent loop that flags requests and carries the flag to the trainer),
-:mod:`.hf_hook` (the ``hf_cpu`` server's prefill hook), :mod:`.vllm_noise` (vLLM's worker extension). The
+:mod:`.hf_hook` (the ``hf_cpu`` server's prefill hook), :mod:`.vllm_noise` (vLLM's worker extension) and
+:mod:`.runner_hook` (what it installs on vLLM's model runner). The
 advantage is verl's GRPO over the whole group (:mod:`verl_ext.methods.noise_contrastive_grpo`).
 """
