@@ -4,10 +4,8 @@
   METHOD=noise_contrastive_grpo run_scripts/tiny_cpu.sh``, two steps, a checkpoint, a fresh trainer resumes for a
   third; the launcher's checks pass, the exact log-prob check among them, with the noisy first tokens left out,
   and those tokens' own gap shows that vLLM's worker extension noised them.
-* ``hf_cpu``: the run's own check compares verl's ``rollout_corr/log_ppl_abs_diff`` with the actor's, which here
-  includes the noisy first tokens by design, so the launcher's train-and-resume block cannot judge this method
-  (README, NC-GRPO). Two launches instead: two steps and a checkpoint, then a fresh launch that resumes from it for
-  a third; the same checks, on the method's own gap of every token but the noisy first ones.
+* ``hf_cpu``: the same launch; the run's own check reads the method's gap of every token but the noisy first ones
+  (verl's ``rollout_corr/log_ppl_abs_diff`` includes them by design, README, NC-GRPO).
 
 Both: every step logs the noisy fraction, each half's accuracy and the zero-advantage fraction; the actor's inputs
 of every step hold exactly ``rollout.n / 2`` flagged responses per prompt, the very ones the seeded choice names
@@ -19,36 +17,23 @@ from __future__ import annotations
 import glob
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
+from tiny_launch import run_tiny_cpu
 
 from verl_ext.nc_grpo.noise import FLAG_FIELD, SEED_FIELD, noise_seed, noisy_responses
 
-ROOT = Path(__file__).resolve().parents[2]
 METHOD = "noise_contrastive_grpo"
 N = 8  # responses per prompt on the tiny run (2 x rollout_n)
-CLEARED = ("RAY_ADDRESS", "VERL_PLATFORM", "DIVA_CPU_PROBE_DIR", "VERL_FILE_LOGGER_ROOT")
 
 pytestmark = [pytest.mark.gpu_stack, pytest.mark.timeout(2400)]
 
 
-def _launch(workdir: Path, run_dir: Path, timeout: int, *overrides: str, **settings: str) -> str:
-    env = {**os.environ, "WORKDIR": str(workdir), "RUN_DIR": str(run_dir), "METHOD": METHOD, **settings}
-    for name in CLEARED:
-        env.pop(name, None)
-    proc = subprocess.run(
-        ["bash", "run_scripts/tiny_cpu.sh", *overrides],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, output[-8000:]
+def _launch(workdir: Path, run_dir: Path, timeout: int, **settings: str) -> str:
+    returncode, output = run_tiny_cpu(workdir, run_dir, timeout, METHOD=METHOD, **settings)
+    assert returncode == 0, output[-8000:]
     return output
 
 
@@ -97,25 +82,14 @@ def _check_flags(run_dir: Path, steps: list[int], run_seed: int) -> int:
 
 def test_hf_cpu_trains_checkpoints_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
-    _launch(tmp_path, run_dir, 1100, STEPS="2", RESUME_STEPS="0")
-    assert (run_dir / "checkpoints" / "global_step_2").is_dir()
-    first = _metrics(run_dir)
-    # A fresh launch: verl resumes from global_step_2 (trainer.resume_mode=auto) and trains step 3.
-    out = _launch(
-        tmp_path,
-        run_dir,
-        1100,
-        f"trainer.experiment_name=tiny_cpu_{METHOD}_resumed",
-        STEPS="3",
-        RESUME_STEPS="0",
-    )
-    assert "Training from scratch" not in out
-    both = _metrics(run_dir)
-    _check_metrics(both, [1, 2, 3])
-    assert sorted(first) == [1, 2] and json.loads((run_dir / "probe" / "train_begin_step3.json").read_text())
+    out = _launch(tmp_path, run_dir, 1100, STEPS="2", RESUME_STEPS="1")
+    assert "[cpu] PASSED" in out  # the run's checks, on every token but the noisy first ones (session._checked)
+    metrics = _metrics(run_dir)
+    _check_metrics(metrics, [1, 2, 3])
+    assert json.loads((run_dir / "probe" / "train_begin_step3.json").read_text())  # the resumed trainer's start
     # rollout.seed: the tiny run's seed (0).
     assert _check_flags(run_dir, [1, 2, 3], 0) == 3 * 2 * N // 2
-    for data in both.values():
+    for data in metrics.values():
         # hf_cpu's log-probs are the actor's: every token but the noisy first ones agrees to float rounding, and
         # those were sampled from the displaced distribution (the noise reached the server).
         other = data[f"{METHOD}/rollout_logprob_gap/other_tokens"]

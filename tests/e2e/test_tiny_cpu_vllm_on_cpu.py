@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_launch import LOOPBACK, TORCH_STORE, launch_tiny_cpu
+from tiny_launch import launch_tiny_cpu, sockets_off_loopback
 
 STEPS, RESUME_STEPS = 2, 1
 
@@ -65,9 +65,9 @@ def test_vllms_servers_and_the_head_listen_on_loopback_only(run):
     """verl's vLLM server, its engine processes, the checkpoint engine's ZMQ sockets and the Ray head: all bound to
     loopback (``run_scripts/_submit.sh``: the head's node address, ``VLLM_HOST_IP``)."""
     sockets = run["sockets"]
-    assert {"gcs_server", "raylet"} <= {name for _, _, name in sockets}
+    assert {"gcs_server", "raylet"} <= {s[2] for s in sockets}
     # The one exception, listed in the README: torch.distributed's store, which binds every interface.
-    assert sorted(s for s in sockets if s[1] not in LOOPBACK and not s[2].endswith(TORCH_STORE)) == []
+    assert sockets_off_loopback(sockets) == []
 
 
 def test_trains_resumes_and_passes_the_runs_checks(run):

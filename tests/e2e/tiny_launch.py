@@ -38,7 +38,11 @@ def run_tiny_cpu(
                 proc.kill()
                 raise subprocess.TimeoutExpired(proc.args, timeout)
             if sockets is not None:
-                sockets.update(listening_sockets(proc.pid))
+                seen = listening_sockets(proc.pid)
+                sockets.update(seen)
+                for _, _, _, pid, _ in seen:
+                    if pid not in _MASTER_PORTS and (port := _master_port(pid)) is not None:
+                        _MASTER_PORTS[pid] = port
             time.sleep(1.0)
         out.seek(0)
         err.seek(0)
@@ -84,9 +88,9 @@ def _address(hex_ip: str, v6: bool) -> str:
     return socket.inet_ntop(socket.AF_INET6, b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4)))
 
 
-def listening_sockets(root: int) -> set[tuple[str, str, str]]:
-    """``(protocol, address, process name)`` of every listening TCP and bound UDP socket of ``root`` and its
-    descendants, from ``/proc`` (ports left out: they are drawn afresh each run)."""
+def listening_sockets(root: int) -> set[tuple[str, str, str, int, int]]:
+    """``(protocol, address, process name, pid, port)`` of every listening TCP and bound UDP socket of ``root`` and
+    its descendants, from ``/proc``."""
     owner: dict[int, int] = {}
     for pid in _process_tree(root):
         try:
@@ -116,21 +120,15 @@ def listening_sockets(root: int) -> set[tuple[str, str, str]]:
             inode = int(fields[9])
             if fields[3] != listening or inode not in owner:
                 continue
+            pid = owner[inode]
             try:
-                with open(f"/proc/{owner[inode]}/comm") as f:
+                with open(f"/proc/{pid}/comm") as f:
                     name = f.read().strip()
             except OSError:
                 name = "?"
-            address, port = _address(fields[1].split(":")[0], v6), int(fields[1].split(":")[1], 16)
-            if address not in LOOPBACK and port == _master_port(owner[inode]):
-                name += f" {TORCH_STORE}"
-            found.add((proto, address, name))
+            hex_ip, hex_port = fields[1].split(":")
+            found.add((proto, _address(hex_ip, v6), name, pid, int(hex_port, 16)))
     return found
-
-
-# torch.distributed's TCPStore, which verl's workers open on MASTER_ADDR:MASTER_PORT: torch binds it to every
-# interface and has no setting for the address (the README lists it).
-TORCH_STORE = "(torch.distributed store on MASTER_PORT)"
 
 
 def _master_port(pid: int) -> int | None:
@@ -141,3 +139,25 @@ def _master_port(pid: int) -> int | None:
         return None
     port = env.get(b"MASTER_PORT")
     return int(port) if port and port.isdigit() else None
+
+
+def sockets_off_loopback(sockets: set) -> list[tuple]:
+    """The sockets of :func:`listening_sockets` on another address than loopback, but for the listed exception
+    (README, "The local head keeps to this machine"): torch.distributed's TCPStore, which binds every interface and
+    has no setting for it, one per process that opens a process group: verl's FSDP workers (on ``MASTER_PORT``)
+    and vLLM's engine worker (``init_method=tcp://127.0.0.1:<port>``). Each process's ports are read while it runs."""
+    outside = [s for s in sockets if s[1] not in LOOPBACK]
+    per_pid: dict[int, int] = {}
+    for s in outside:
+        per_pid[s[3]] = per_pid.get(s[3], 0) + 1
+    unlisted = []
+    for proto, address, name, pid, port in outside:
+        fsdp_store = name == "ray::WorkerDict" and port == _MASTER_PORTS.get(pid)
+        vllm_store = name == "VLLM::Worker" and per_pid[pid] == 1
+        if not (fsdp_store or vllm_store):
+            unlisted.append((proto, address, name, pid, port))
+    return sorted(unlisted)
+
+
+# pid -> MASTER_PORT of the worker processes seen by run_tiny_cpu (a process's environment is gone once it exits).
+_MASTER_PORTS: dict[int, int] = {}

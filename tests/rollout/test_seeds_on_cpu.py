@@ -35,3 +35,18 @@ def test_prompt_uids_are_unique_version_8_and_have_no_underscore():
 
 def test_content_key_is_stable_and_separates_contents():
     assert content_key("a", 1) == content_key("a", 1) != content_key("a", 2)
+
+
+def test_content_key_reads_images_by_their_bytes_not_their_address():
+    import numpy as np
+    from PIL import Image
+
+    def message(colour):
+        image = Image.new("RGB", (8, 8), colour)
+        return [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "Colour?"}]}]
+
+    # Two image objects (two addresses) with the same pixels: one key; other pixels: another.
+    assert content_key(message("red"), 0) == content_key(message("red"), 0) != content_key(message("blue"), 0)
+    assert content_key(np.arange(3)) == content_key(np.arange(3)) != content_key(np.arange(4))
+    assert content_key({"b": 1, "a": 2}) == content_key({"a": 2, "b": 1})
+    assert content_key(object()) == content_key(object())  # by its type alone, never by its address

@@ -103,7 +103,9 @@ def _checked(entry: dict, exact_check: bool = False) -> dict:
     lengths_vary = data.get("response_length/min") != data.get("response_length/max")
     if loss is None or not math.isfinite(loss) or (lengths_vary and loss == 0.0):
         raise CpuRunError(f"step {step}: actor/pg_loss={loss}; a real step has a finite loss, non-zero here")
-    gap = data.get("rollout_corr/log_ppl_abs_diff")
+    # NC-GRPO's noisy first tokens are sampled from a displaced distribution on purpose: its own metric is the gap of
+    # every other token (verl's includes them).
+    gap = data.get("noise_contrastive_grpo/rollout_logprob_gap/other_tokens", data.get("rollout_corr/log_ppl_abs_diff"))
     # verl's vLLM rollout normalises over the tokens its sampler allows: checked exactly by verl_ext.cpu.logprob_check
     # (exact_check) instead of against this metric, which then also measures the banned tokens' mass.
     if gap is None or (not exact_check and gap > LOGPROB_TOLERANCE):

@@ -29,7 +29,7 @@ AGENT_LOOP_NAME = "seeded_single_turn_agent"
 def request_place(kwargs: dict[str, Any]) -> tuple[int, str, int]:
     """(step, prompt key, response index) of the request verl's agent loop worker calls ``run`` with."""
     uid = str(kwargs["uid"])
-    key = uid if is_run_uid(uid) else content_key(repr(kwargs.get("raw_prompt")), repr(kwargs.get("index")))
+    key = uid if is_run_uid(uid) else content_key(kwargs.get("raw_prompt"), kwargs.get("index"))
     return int(kwargs.get("global_steps", 0) or 0), key, int(kwargs.get("session_id", 0))
 
 

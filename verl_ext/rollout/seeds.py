@@ -56,6 +56,29 @@ def is_run_uid(uid: str) -> bool:
 
 
 def content_key(*parts) -> str:
-    """A hex digest of a prompt's content (its messages, dataset index, ...): the stand-in for a uid that is drawn
-    fresh per call (verl's validation), so that a validation request's seed is the same in every run."""
-    return _digest("content", *parts).hex()
+    """A hex digest of a prompt's content (its messages with their images, dataset index, ...): the stand-in for a
+    uid that is drawn fresh per call (verl's validation), so that a validation request's seed is the same in every
+    run. Images and arrays count by their bytes (a PIL image's ``repr`` holds its memory address)."""
+    return _digest("content", *(_canonical(part) for part in parts)).hex()
+
+
+def _canonical(value) -> str:
+    """A text that depends on ``value``'s content only, the same in every process."""
+    if value is None or isinstance(value, str | int | float | bool):
+        return repr(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return "bytes:" + hashlib.blake2b(bytes(value), digest_size=16).hexdigest()
+    if isinstance(value, dict):
+        items = sorted((str(key), _canonical(item)) for key, item in value.items())
+        return "{" + ",".join(f"{key}:{item}" for key, item in items) + "}"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_canonical(item) for item in value) + "]"
+    if hasattr(value, "tobytes"):  # PIL images, numpy arrays
+        shape = getattr(value, "size", None) if hasattr(value, "mode") else getattr(value, "shape", None)
+        kind = getattr(value, "mode", None) or str(getattr(value, "dtype", ""))
+        digest = hashlib.blake2b(value.tobytes(), digest_size=16).hexdigest()
+        return f"{type(value).__name__}:{kind}:{shape}:{digest}"
+    if hasattr(value, "tolist"):  # numpy scalars, tensors
+        return _canonical(value.tolist())
+    # Anything else counts by its type alone (its repr may hold an address): still the same in every run.
+    return f"<{type(value).__module__}.{type(value).__qualname__}>"
