@@ -6,7 +6,8 @@ Plugged in through verl's own extension point, ``trainer.v1.sampler.custom_sampl
   run (thread timing). Every later sum (the actor's gradient accumulation over micro-batches, the step's metric
   means) then adds the same numbers in another order, and two runs of one seed drift apart in the last bits from
   the first step. :meth:`OrderedReplayBuffer.sample` sorts them by ``(uid, session, output index)``: with the run's
-  uids (:mod:`verl_ext.rollout.seeds`) the order, and so every sum, is the same in every run of a seed.
+  uids (:mod:`verl_ext.rollout.seeds`) the order, and so every sum, is the same in every run of a seed. Validation
+  uids are verl's ``uuid4``: those batches are sorted by the prompt's tokens instead.
 * **A dead rollout fails the job, naming it.** While it waits for rollouts, the buffer checks every
   ``liveness_check_s`` that the actors the rollout needs are alive (:func:`verl_ext.rollout.liveness.dead_actors`,
   fed by the trainer through :meth:`watch`), and raises :class:`RolloutDiedError` naming the dead ones: a dead
@@ -23,10 +24,12 @@ import dataclasses
 import time
 from collections.abc import Callable, Iterable
 
+import transfer_queue as tq
 from transfer_queue import KVBatchMeta  # noqa: TC002 (verl's return type)
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
 from verl_ext.rollout.liveness import dead_actors
+from verl_ext.rollout.seeds import is_run_uid
 
 LIVENESS_CHECK_S = 10.0
 
@@ -73,9 +76,20 @@ class OrderedReplayBuffer(ReplayBuffer):
             # Fewer groups than asked for: verl drops failed validation groups (and _validate then fails on an empty
             # batch, naming no cause); say whether a rollout actor died.
             self._raise_if_dead(partition_id)
-        order = sorted(range(len(batch.keys)), key=lambda i: key_order(batch.keys[i]))
+        places = [key_order(key) for key in batch.keys]
+        if batch.keys and not all(is_run_uid(uid) for uid, _, _ in places):
+            # verl draws validation uids with uuid4: order those trajectories by their prompt's tokens instead (the
+            # same prompt and session draw the same seed, so ties are the same trajectory).
+            prompts = self._prompt_tokens(batch)
+            places = [(prompts[i], session, index) for i, (_, session, index) in enumerate(places)]
+        order = sorted(range(len(batch.keys)), key=lambda i: places[i])
         keys, tags = [batch.keys[i] for i in order], [batch.tags[i] for i in order]
         return dataclasses.replace(batch, keys=keys, tags=tags), metrics
+
+    @staticmethod
+    def _prompt_tokens(batch: KVBatchMeta) -> list[tuple[int, ...]]:
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["prompts"])
+        return [tuple(row.tolist()) for row in data["prompts"].unbind(0)]
 
     def _wait_for_next_poll(self, partition_id: str, last_debug_time: float) -> float:
         now = time.monotonic()
