@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -97,17 +96,7 @@ def test_hf_cpu_trains_checkpoints_and_resumes(tmp_path):
         assert data[f"{METHOD}/rollout_logprob_gap/noisy_first_token"] > 100 * other
 
 
-def _require_vllm():
-    try:
-        import vllm  # noqa: F401
-    except ImportError as err:
-        if os.environ.get("DIVA_REQUIRE_VLLM") == "1":
-            pytest.fail(f"DIVA_REQUIRE_VLLM=1 but vLLM does not import here ({err}): run_scripts/setup_vllm_cpu.sh")
-        pytest.skip("needs the GPU stack's environment (bash run_scripts/setup_vllm_cpu.sh DIR)")
-
-
-def test_vllm_trains_resumes_and_passes_the_exact_check_without_the_noisy_first_tokens(tmp_path):
-    _require_vllm()
+def test_vllm_trains_resumes_and_passes_the_exact_check_without_the_noisy_first_tokens(tmp_path, vllm_required):
     from verl_ext.cpu.logprob_check import check_rollout_logprobs, weights_by_step
 
     run_dir = tmp_path / "run"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import glob
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -25,18 +24,8 @@ STEPS, RESUME_STEPS = 2, 1
 pytestmark = [pytest.mark.gpu_stack, pytest.mark.timeout(1200)]
 
 
-def _require_vllm():
-    try:
-        import vllm  # noqa: F401
-    except ImportError as err:
-        if os.environ.get("DIVA_REQUIRE_VLLM") == "1":
-            pytest.fail(f"DIVA_REQUIRE_VLLM=1 but vLLM does not import here ({err}): run_scripts/setup_vllm_cpu.sh")
-        pytest.skip("needs the GPU stack's environment (bash run_scripts/setup_vllm_cpu.sh DIR)")
-
-
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    _require_vllm()
+def run(tmp_path_factory, vllm_required):
     workdir = tmp_path_factory.mktemp("tiny_vllm")
     run_dir = workdir / "run"
     shm_before = set(glob.glob("/dev/shm/psm_*"))
@@ -145,10 +134,9 @@ def test_no_shared_memory_left_behind(run):
     assert run["shm_left"] == set()
 
 
-def test_keep_cpu_linear_weights_lifts_vllms_drop_of_linear_weights(monkeypatch):
+def test_keep_cpu_linear_weights_lifts_vllms_drop_of_linear_weights(monkeypatch, vllm_required):
     """vLLM's own CPU dispatch empties a linear layer's weight (oneDNN packing), so verl cannot sync into it; the
     patched dispatch keeps it and computes with the live tensor, so a reloaded weight is the weight used."""
-    _require_vllm()
     from vllm import _custom_ops as ops
     from vllm.model_executor.layers import utils
 

@@ -18,13 +18,7 @@ pytestmark = [pytest.mark.gpu_stack, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")
-def llm_and_prompt(tmp_path_factory):
-    try:
-        import vllm  # noqa: F401
-    except ImportError as err:
-        if os.environ.get("DIVA_REQUIRE_VLLM") == "1":
-            pytest.fail(f"DIVA_REQUIRE_VLLM=1 but vLLM does not import here ({err}): run_scripts/setup_vllm_cpu.sh")
-        pytest.skip("needs the GPU stack's environment (bash run_scripts/setup_vllm_cpu.sh DIR)")
+def llm_and_prompt(tmp_path_factory, vllm_required):
     from verl_ext.cpu.launch import VLLM_CPU_ENV
     from verl_ext.cpu.tiny_model import build_tiny_qwen2_vl
 

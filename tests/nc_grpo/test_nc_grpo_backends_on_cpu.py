@@ -127,18 +127,8 @@ def test_flagged_request_moves_only_the_first_token_by_the_stated_scale(server):
     assert torch.allclose(served[1:], clean_log_probs[1:], atol=1e-5)
 
 
-def _require_vllm():
-    try:
-        import vllm  # noqa: F401
-    except ImportError as err:
-        if os.environ.get("DIVA_REQUIRE_VLLM") == "1":
-            pytest.fail(f"DIVA_REQUIRE_VLLM=1 but vLLM does not import here ({err})")
-        pytest.skip("needs the GPU stack's environment (bash run_scripts/setup_vllm_cpu.sh DIR)")
-
-
 @pytest.fixture(scope="module")
-def vllm_engine(tiny_model):
-    _require_vllm()
+def vllm_engine(tiny_model, vllm_required):
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
     from vllm import LLM
