@@ -93,7 +93,12 @@ def _read_metrics(config: DictConfig, experiment: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def _checked(entry: dict, exact_check: bool = False) -> dict:
+# A method whose rollout departs from the policy on some tokens on purpose (NC-GRPO's noisy first tokens) logs the
+# rollout-vs-actor gap of the other tokens as <its metric prefix>/OWN_GAP_METRIC; verl's metric averages in all tokens.
+OWN_GAP_METRIC = "rollout_logprob_gap/other_tokens"
+
+
+def _checked(entry: dict, exact_check: bool = False, own_gap_key: str | None = None) -> dict:
     data, step = entry["data"], entry["step"]
     grad, loss = data.get("actor/grad_norm"), data.get("actor/pg_loss")
     if grad is None or not math.isfinite(grad) or grad == 0.0:
@@ -103,9 +108,7 @@ def _checked(entry: dict, exact_check: bool = False) -> dict:
     lengths_vary = data.get("response_length/min") != data.get("response_length/max")
     if loss is None or not math.isfinite(loss) or (lengths_vary and loss == 0.0):
         raise CpuRunError(f"step {step}: actor/pg_loss={loss}; a real step has a finite loss, non-zero here")
-    # NC-GRPO's noisy first tokens are sampled from a displaced distribution on purpose: its own metric is the gap of
-    # every other token (verl's includes them).
-    gap = data.get("noise_contrastive_grpo/rollout_logprob_gap/other_tokens", data.get("rollout_corr/log_ppl_abs_diff"))
+    gap = data.get(own_gap_key, data.get("rollout_corr/log_ppl_abs_diff"))
     # verl's vLLM rollout normalises over the tokens its sampler allows: checked exactly by verl_ext.cpu.logprob_check
     # (exact_check) instead of against this metric, which then also measures the banned tokens' mass.
     if gap is None or (not exact_check and gap > LOGPROB_TOLERANCE):
@@ -129,7 +132,10 @@ def summarize(config: DictConfig, resume_steps: int) -> dict:
     first = _read_metrics(config, config.trainer.experiment_name)
     second = _read_metrics(config, f"{config.trainer.experiment_name}{RESUMED_SUFFIX}")
     exact_check = config.actor_rollout_ref.rollout.name == "vllm"
-    logged = [_checked(e, exact_check) for e in first + second if "actor/pg_loss" in e["data"]]
+    from verl_ext.methods import get_method
+
+    own_gap_key = f"{get_method(config.algorithm.adv_estimator).prefix}/{OWN_GAP_METRIC}"
+    logged = [_checked(e, exact_check, own_gap_key) for e in first + second if "actor/pg_loss" in e["data"]]
     expected = list(range(1, steps + resume_steps + 1))
     if [e["step"] for e in logged] != expected:
         raise CpuRunError(f"steps logged {[e['step'] for e in logged]}, expected {expected} (train, then resume)")
