@@ -1,18 +1,16 @@
 """Training batches of chosen questions, for methods whose planner picks what to roll out (CoDaPO's resampling).
 
-verl's ``_fetch_one_gen_batch`` turns a dataloader batch into a ``TensorDict`` with a fresh ``uid`` per prompt;
-:func:`batch_of_questions` builds the same thing from the dataset rows of named questions, so the rest of the
+verl's ``_fetch_one_gen_batch`` turns a dataloader batch into a ``TensorDict``; :func:`batch_of_questions` builds
+the same thing from the dataset rows of named questions (the trainer then sets the uids of both), so the rest of the
 step (rollout, TransferQueue, ReplayBuffer) cannot tell the difference. Questions are named by the stable
 ``extra_info.question_id`` of the parquet (never by ``uid``, which is new every step).
 """
 
 from __future__ import annotations
 
-import uuid
 import weakref
 from collections.abc import Sequence
 
-import numpy as np
 from tensordict import TensorDict
 from verl.utils import tensordict_utils as tu
 from verl.utils.dataset.rl_dataset import collate_fn
@@ -40,11 +38,10 @@ def question_rows(dataset) -> dict:
 
 
 def batch_of_questions(dataset, question_ids: Sequence) -> TensorDict:
-    """One rollout batch holding the dataset rows of ``question_ids`` in order (repeats allowed), fresh uids."""
+    """One rollout batch holding the dataset rows of ``question_ids`` in order (repeats allowed), without uids: the
+    trainer gives every batch the run's uids (``ToolkitTrainer._run_uids``)."""
     rows = question_rows(dataset)
     missing = [qid for qid in question_ids if qid not in rows]
     if missing:
         raise KeyError(f"planned question(s) {missing[:3]} are not in the training data ({len(rows)} questions)")
-    batch_dict = collate_fn([dataset[rows[qid]] for qid in question_ids])
-    batch_dict["uid"] = np.array([str(uuid.uuid4()) for _ in question_ids], dtype=object)
-    return tu.get_tensordict(batch_dict)
+    return tu.get_tensordict(collate_fn([dataset[rows[qid]] for qid in question_ids]))
