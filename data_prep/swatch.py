@@ -6,14 +6,15 @@ is the number the square's colour stands for (:data:`PALETTE`: red 1, green 2, b
 depends on the image only: the question text is the same for every row.
 
 Difficulty: each row draws a ``hardness`` h in ``[0, 1]`` (uniform, or fixed by ``hardness=``). The square's side
-shrinks from 48 to 14 pixels and its colour fades towards the background grey (saturation 1.0 to 0.35) as h
+shrinks from 48 to 14 pixels and its colour fades towards the background grey (saturation 1.0 to 0.2) as h
 grows, so fewer and weaker pixels carry the answer. The paper's three variant kinds mean what they should:
 
 * image perturbations (DIVA's ``image_perturb``: noise, speckle, salt-and-pepper, blur, low resolution,
   rotation) blur or bury a small, faint square in the grey: an easy question gets harder;
 * paraphrases (two per row) change the wording only: the answer and the evidence stay;
-* hint steps name the colour's family, then the colour, then the rule (never the number): a hard question whose
-  square is hard to see becomes a text question, easier.
+* hint steps name the colour's family, then the colour and its place in the question's list ("the third colour"),
+  then the rule (never the number as a digit): a hard question, whose square is hard to see or whose colour's number
+  the policy does not know, becomes a reading question, easier.
 
 Everything is drawn from ``random.Random(seed)``: same seed, same bytes. The ``difficulty`` column stays null: the
 difficulty service starts every question at its ``d_init`` and learns it, as in the paper.
@@ -46,8 +47,10 @@ FAMILY = {
     "green": "cool (green or blue)",
     "blue": "cool (green or blue)",
 }
+# A hint names the colour's place in the question's list as a word, never the number itself.
+ORDINAL = ("first", "second", "third", "fourth")
 SIDE_RANGE = (48, 14)  # side in pixels at hardness 0 and 1
-SATURATION_RANGE = (1.0, 0.35)
+SATURATION_RANGE = (1.0, 0.2)
 QUESTION = "The colour of the square stands for a number: red 1, green 2, blue 3, yellow 4. Which number is it?"
 PARAPHRASES = (
     "Red means 1, green 2, blue 3 and yellow 4. What number does the square's colour mean?",
@@ -84,12 +87,21 @@ def _png(image: Image.Image) -> bytes:
     return buffer.getvalue()
 
 
-def swatch_rows(n: int, seed: int = 0, split: str = "train", hardness: float | None = None):
-    """Yield ``n`` DIVA rows (dicts in :data:`verl_ext.data.schema.SCHEMA`); colours cycle so each appears n/4 times."""
+def blank_image() -> Image.Image:
+    """The grey canvas with no square: an image that tells nothing (the warm start's hint-only examples)."""
+    return Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), BACKGROUND)
+
+
+def swatch_rows(n: int, seed: int = 0, split: str = "train", hardness: float | None = None, max_hardness: float = 1.0):
+    """Yield ``n`` DIVA rows (dicts in :data:`verl_ext.data.schema.SCHEMA`); colours cycle so each appears n/4 times.
+
+    Hardness is ``hardness`` when given, else uniform in ``[0, max_hardness]``."""
+    if not 0.0 <= max_hardness <= 1.0:
+        raise ValueError(f"max_hardness must be in [0, 1], got {max_hardness}")
     rng = random.Random(seed)
     for index in range(n):
         name, rgb, number = PALETTE[index % len(PALETTE)]
-        h = rng.random() if hardness is None else float(hardness)
+        h = rng.random() * max_hardness if hardness is None else float(hardness)
         image = swatch_image(rgb, h, rng)
         yield {
             "data_source": DATA_SOURCE,
@@ -108,7 +120,8 @@ def swatch_rows(n: int, seed: int = 0, split: str = "train", hardness: float | N
             "paraphrases": list(PARAPHRASES),
             "hint_steps": [
                 f"The square's colour is {FAMILY[name]}.",
-                f"Looking closely, the square is {name}.",
+                f"Looking closely, the square is {name}, the {ORDINAL[index % len(PALETTE)]} colour of the "
+                "question's list.",
                 "Match that colour to its number in the question's list.",
             ],
             "text_in_image": False,  # the question drawn into 84 pixels would be unreadable, not harder

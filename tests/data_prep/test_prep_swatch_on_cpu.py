@@ -65,3 +65,19 @@ def test_hardness_shrinks_and_fades_the_square():
     with pytest.raises(ValueError, match="hardness"):
         swatch_image(PALETTE[0][1], 1.5, random.Random(0))
     assert main(["swatch", "--output", "x.parquet", "--n", "0"]) == 2
+
+
+def test_max_hardness_bounds_the_drawn_hardness_and_hints_name_the_place_not_the_number():
+    from data_prep.swatch import ORDINAL, SIDE_RANGE, blank_image, swatch_rows
+
+    rows = list(swatch_rows(16, seed=4, max_hardness=0.5))
+    for index, row in enumerate(rows):
+        pixels = _pixels(row)
+        side = int((pixels != np.array(BACKGROUND)).any(-1).any(0).sum())
+        # hardness <= 0.5: the square is at least halfway between the largest and the smallest side
+        assert side >= (SIDE_RANGE[0] + SIDE_RANGE[1]) / 2 - 1, (index, side)
+        name = PALETTE[index % len(PALETTE)][0]
+        assert f"the square is {name}, the {ORDINAL[index % len(PALETTE)]} colour" in row["hint_steps"][1]
+    assert not np.any(np.asarray(blank_image()) != np.array(BACKGROUND))
+    with pytest.raises(ValueError, match="max_hardness"):
+        next(swatch_rows(1, max_hardness=1.5))

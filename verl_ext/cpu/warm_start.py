@@ -1,20 +1,30 @@
-"""A supervised warm start of the tiny CPU model on the swatch task (:mod:`data_prep.swatch`), stopped early.
+"""A supervised warm start of the tiny CPU model on the swatch task (:mod:`data_prep.swatch`): a base policy that
+half-solves the task, for structural reasons rather than by stopping mid-way.
 
-A random policy never writes ``\\boxed{}``: every reward is 0 and GRPO learns nothing. The paper starts from a
-base model that half-solves its data; this pass makes the tiny model such a base: it teaches the answer format
-(``<think>colour</think>\\boxed{n}``) and part of the colour-to-number mapping, then stops as soon as the greedy
-validation accuracy (the project's reward, :func:`verl_ext.reward.compute_score`) reaches ``target`` (default
-0.3), between the issue's 20% and 60%: prompt groups neither always right nor always wrong.
+A random policy never writes ``\\boxed{}``: every reward is 0 and GRPO learns nothing. The paper starts from a base
+model that half-solves its data; this pass makes the tiny model such a base, trained to convergence (a fixed number
+of steps, the learning rate decayed linearly to 0, so that it ends at what its data teach and not at the noise of
+its last batches):
+
+* **format and perception**: the completion ``<think>colour</think>\\boxed{n}``, the colour always the true one,
+  on its own rows (``SFT_ROWS``, its own seed, not the RL questions), all of them *clear* (hardness at most
+  ``SFT_MAX_HARDNESS``): the RL runs' faint, small squares are new to it, as hard questions are to a base model;
+* **hints**: the same rows asked with 2 or 3 of their hint steps (both name the colour and its place in the
+  question's list) on a blank canvas, always taught the right number, so that the policy learns to follow a hint
+  when the image tells nothing;
+* **the number code, half known**: red's and green's numbers are always taught right; blue's and yellow's are drawn,
+  afresh at every presentation, from :data:`UNKNOWN_CODE`: their family partner's number (yellow 1 like red, blue 2
+  like green) 40% of the time, the right one 30%, each other 15%. The warm policy thus answers blue and yellow
+  wrongly when greedy, but samples the right number about a third of the time: what RL must find from the reward.
+
+Its greedy validation accuracy is then about the share of red and green questions it sees right, checked to be in
+the issue's 20-60% band (:class:`WarmStartError` otherwise).
 
 Why a few lines of transformers and not verl's SFT trainer: verl 0.9.1's SFT trainer is a torchrun/FSDP job over
-text-only chat parquet with no processor path for images in its multi-turn dataset, and it has no hook to stop on
-a validation accuracy. Here the model is loaded, fed and saved exactly as verl's workers load it
-(``AutoModelForImageTextToText`` on the same folder, the same processor and chat template, so the same prompt
-tokens and image patches as the agent loop builds), in about a minute on 2 cores.
-
-The training examples are every training row as asked (original), with a paraphrase, and with 1, 2 or 3 of its
-hint steps, so that the warm policy also reads hints as a base model does; validation rows are originals.
-Seeded from ``seed`` (example order, initial weights of nothing: the model folder's own weights are the start).
+text-only chat parquet with no processor path for images in its multi-turn dataset, and no per-presentation label
+draw. Here the model is loaded, fed and saved exactly as verl's workers load it (``AutoModelForImageTextToText`` on
+the same folder, the same processor and chat template, so the same prompt tokens and image patches as the agent loop
+builds), in about two minutes on 2 cores. Seeded from ``seed`` (rows, example order, label draws).
 """
 
 from __future__ import annotations
@@ -35,6 +45,14 @@ from verl_ext.data.schema import IMAGE_PLACEHOLDER, build_prompt_text
 STATE_FILE = "warm_start.json"
 DATA_SOURCE = "diva_swatch"
 MAX_NEW_TOKENS = 32
+SFT_ROWS = 256
+SFT_MAX_HARDNESS = 0.5
+KNOWN_COLOURS = ("red", "green")
+# Blue's and yellow's numbers as the warm start teaches them: (number, probability), drawn at every presentation.
+UNKNOWN_CODE = {
+    "blue": (("2", 0.40), ("3", 0.30), ("1", 0.15), ("4", 0.15)),
+    "yellow": (("1", 0.40), ("4", 0.30), ("2", 0.15), ("3", 0.15)),
+}
 
 
 class WarmStartError(RuntimeError):
@@ -58,21 +76,32 @@ def _image(row) -> object:
     return Image.open(io.BytesIO(row["images"][0]["bytes"])).convert("RGB")
 
 
-def examples_of(rows: pd.DataFrame, with_variants: bool) -> list[dict]:
-    """``{"text", "image", "answer", "target"}`` per example: the user text as verl's datasets build it."""
-    from data_prep.swatch import answer_text
+def sft_examples(rows) -> list[dict]:
+    """``{"text", "image", "answer", "colour"}`` per example, four per row: the question and a paraphrase on the
+    row's image, the question with 2 and with 3 hint steps on a blank canvas. ``text`` as verl's datasets build it."""
+    from data_prep.swatch import blank_image
 
+    blank = blank_image()
     out = []
-    for _, row in rows.iterrows():
+    for row in rows:
         answer = row["reward_model"]["ground_truth"]
-        base = {"image": _image(row), "answer": answer, "target": answer_text(_colour_of(answer))}
-        texts = [build_prompt_text(row["question"], 1)]
-        if with_variants:
-            texts += [build_prompt_text(p, 1) for p in row["paraphrases"][:1]]
-            steps = list(row["hint_steps"])
-            texts += [build_prompt_text(row["question"], 1, hint_steps=steps[:k]) for k in range(1, len(steps) + 1)]
-        out += [{**base, "text": text} for text in texts]
+        base = {"answer": answer, "colour": _colour_of(answer)}
+        image = _image(row)
+        out.append({**base, "image": image, "text": build_prompt_text(row["question"], 1)})
+        out.append({**base, "image": image, "text": build_prompt_text(row["paraphrases"][0], 1)})
+        for k in (2, 3):
+            text = build_prompt_text(row["question"], 1, hint_steps=list(row["hint_steps"])[:k])
+            out.append({**base, "image": blank, "text": text, "hinted": True})
     return out
+
+
+def taught_number(colour: str, answer: str, rng: random.Random, hinted: bool = False) -> str:
+    """The number a warm-start example of ``colour`` is taught: the answer for :data:`KNOWN_COLOURS` and hinted
+    examples (the hint names the colour's place in the list), else a draw from :data:`UNKNOWN_CODE`."""
+    if colour in KNOWN_COLOURS or hinted:
+        return answer
+    numbers, weights = zip(*UNKNOWN_CODE[colour], strict=True)
+    return rng.choices(numbers, weights)[0]
 
 
 def _chat(processor, text: str) -> str:
@@ -81,12 +110,36 @@ def _chat(processor, text: str) -> str:
     return processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True)
 
 
-def _inputs(processor, example: dict, with_target: bool):
-    prompt = _chat(processor, example["text"])
-    text = prompt + example["target"] + processor.tokenizer.eos_token if with_target else prompt
-    batch = processor(text=[text], images=[example["image"]], return_tensors="pt")
-    prompt_len = len(processor(text=[prompt], images=[example["image"]])["input_ids"][0])
-    return batch, prompt_len
+def _training_batch(processor, examples: list[dict], numbers: list[str]):
+    """Right-padded inputs and labels (-100 on the prompt and the padding) of ``examples`` taught ``numbers``."""
+    tokenizer = processor.tokenizer
+    prompts = [_chat(processor, e["text"]) for e in examples]
+    texts = [
+        prompt + f"<think>{e['colour']}</think>\\boxed{{{n}}}" + tokenizer.eos_token
+        for prompt, e, n in zip(prompts, examples, numbers, strict=True)
+    ]
+    side, tokenizer.padding_side = tokenizer.padding_side, "right"
+    try:
+        batch = processor(text=texts, images=[e["image"] for e in examples], padding=True, return_tensors="pt")
+    finally:
+        tokenizer.padding_side = side
+    labels = batch["input_ids"].clone()
+    labels[batch["attention_mask"] == 0] = -100
+    for i, (prompt, example) in enumerate(zip(prompts, examples, strict=True)):
+        labels[i, : len(processor(text=[prompt], images=[example["image"]])["input_ids"][0])] = -100
+    return batch, labels
+
+
+def validation_examples(rows: pd.DataFrame) -> list[dict]:
+    """The validation rows as asked (no variant): ``{"text", "image", "answer"}``."""
+    return [
+        {
+            "text": build_prompt_text(row["question"], 1),
+            "image": _image(row),
+            "answer": row["reward_model"]["ground_truth"],
+        }
+        for _, row in rows.iterrows()
+    ]
 
 
 def greedy_accuracy(model, processor, examples: list[dict], batch_size: int = 16) -> float:
@@ -123,42 +176,41 @@ def greedy_accuracy(model, processor, examples: list[dict], batch_size: int = 16
 
 def warm_start(
     model_dir: str,
-    train_file: str,
     val_file: str,
     output_dir: str,
     *,
-    target: float = 0.3,
-    ceiling: float = 0.6,
-    lr: float = 1e-3,
-    batch_size: int = 8,
-    eval_every: int = 5,
-    max_steps: int = 400,
+    steps: int = 300,
+    lr: float = 2e-3,
+    batch_size: int = 16,
+    band: tuple[float, float] = (0.2, 0.6),
     seed: int = 0,
 ) -> dict:
-    """Train ``model_dir`` into ``output_dir`` until the greedy validation accuracy reaches ``target``.
+    """Train ``model_dir`` into ``output_dir`` (module docstring) and check its greedy accuracy on ``val_file``.
 
     Reuses ``output_dir`` when its :data:`STATE_FILE` records the same inputs. Raises :class:`WarmStartError` when
-    ``max_steps`` pass below ``target`` or the first accuracy at or above it exceeds ``ceiling`` (lower ``lr`` or
-    ``eval_every`` then). Returns the state: accuracy, steps, seconds.
+    the accuracy is outside ``band``. Returns the state: accuracy, steps, seconds, the loss every 50 steps.
     """
     import torch
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
+    from data_prep.swatch import swatch_rows
+
     settings = {
         "model": os.path.abspath(model_dir),
-        "train": os.path.abspath(train_file),
         "val": os.path.abspath(val_file),
-        "target": target,
+        "sft_rows": SFT_ROWS,
+        "sft_max_hardness": SFT_MAX_HARDNESS,
+        "unknown_code": UNKNOWN_CODE,
+        "steps": steps,
         "lr": lr,
         "batch_size": batch_size,
-        "eval_every": eval_every,
         "seed": seed,
     }
     state_path = os.path.join(output_dir, STATE_FILE)
     if os.path.exists(state_path):
         with open(state_path) as f:
             state = json.load(f)
-        if state.get("settings") == settings:
+        if state.get("settings") == json.loads(json.dumps(settings)) and band[0] <= state["val_accuracy"] <= band[1]:
             return state
     started = time.perf_counter()
     torch.manual_seed(seed)
@@ -166,43 +218,36 @@ def warm_start(
     processor = AutoProcessor.from_pretrained(model_dir)
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
-    train = examples_of(pd.read_parquet(train_file), with_variants=True)
-    val = examples_of(pd.read_parquet(val_file), with_variants=False)
-    encoded = []
-    for example in train:
-        batch, prompt_len = _inputs(processor, example, with_target=True)
-        labels = batch["input_ids"].clone()
-        labels[:, :prompt_len] = -100
-        encoded.append((batch, labels))
+    rows = swatch_rows(SFT_ROWS, seed=10_000 + seed, split="sft", max_hardness=SFT_MAX_HARDNESS)
+    train = sft_examples(rows)
+    val = validation_examples(pd.read_parquet(val_file))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    history = [(0, greedy_accuracy(model, processor, val))]
-    order: list[int] = []
-    step = 0
-    while history[-1][1] < target:
-        if step >= max_steps:
-            raise WarmStartError(
-                f"warm start: validation accuracy {history[-1][1]:.2f} after {step} steps, below the target "
-                f"{target}; raise max_steps or lr (history {history})"
-            )
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / steps)
+    losses, order = [], []
+    for step in range(1, steps + 1):
+        chosen = []
         for _ in range(batch_size):
             if not order:
-                order = list(range(len(encoded)))
+                order = list(range(len(train)))
                 rng.shuffle(order)
-            batch, labels = encoded[order.pop()]
-            loss = model(**batch, labels=labels).loss / batch_size
-            loss.backward()
+            chosen.append(train[order.pop()])
+        numbers = [taught_number(e["colour"], e["answer"], rng, e.get("hinted", False)) for e in chosen]
+        batch, labels = _training_batch(processor, chosen, numbers)
+        loss = model(**batch, labels=labels).loss
+        loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
+        schedule.step()
         optimizer.zero_grad(set_to_none=True)
-        step += 1
-        if step % eval_every == 0:
-            history.append((step, greedy_accuracy(model, processor, val)))
-            print(f"[warm start] step {step}: validation accuracy {history[-1][1]:.3f}", file=sys.stderr, flush=True)
-    accuracy = history[-1][1]
-    if accuracy > ceiling:
+        if step % 50 == 0 or step == steps:
+            losses.append((step, round(loss.item(), 4)))
+            print(f"[warm start] step {step}/{steps}: loss {loss.item():.4f}", file=sys.stderr, flush=True)
+    accuracy = greedy_accuracy(model, processor, val)
+    print(f"[warm start] greedy validation accuracy {accuracy:.3f}", file=sys.stderr, flush=True)
+    if not band[0] <= accuracy <= band[1]:
         raise WarmStartError(
-            f"warm start: validation accuracy jumped to {accuracy:.2f} (> {ceiling}) at step {step}: the policy "
-            f"would start solved; lower lr or eval_every (history {history})"
+            f"warm start: greedy validation accuracy {accuracy:.2f} after {steps} steps is outside {band}: the "
+            f"policy would start {'solved' if accuracy > band[1] else 'unable to answer'} (losses {losses})"
         )
     os.makedirs(output_dir, exist_ok=True)
     model.save_pretrained(output_dir)
@@ -214,8 +259,8 @@ def warm_start(
     state = {
         "settings": settings,
         "val_accuracy": accuracy,
-        "steps": step,
-        "history": history,
+        "steps": steps,
+        "losses": losses,
         "train_examples": len(train),
         "val_examples": len(val),
         "seconds": round(time.perf_counter() - started, 1),
@@ -228,13 +273,12 @@ def warm_start(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="the tiny model folder (verl_ext.cpu.tiny_model)")
-    parser.add_argument("--train", required=True, help="swatch training parquet (diva-prep swatch)")
     parser.add_argument("--val", required=True, help="swatch validation parquet")
     parser.add_argument("--output", required=True, help="folder of the warm-started model")
-    parser.add_argument("--target", type=float, default=0.3, help="stop at this greedy validation accuracy")
+    parser.add_argument("--steps", type=int, default=300, help="supervised steps (batches of 16)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    state = warm_start(args.model, args.train, args.val, args.output, target=args.target, seed=args.seed)
+    state = warm_start(args.model, args.val, args.output, steps=args.steps, seed=args.seed)
     print(json.dumps({k: v for k, v in state.items() if k != "settings"}))
     return 0
 
