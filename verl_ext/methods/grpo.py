@@ -3,7 +3,9 @@
 ``algorithm.adv_estimator=grpo`` names verl's own estimator; under ``trainer.v1.trainer_mode=toolkit`` the toolkit
 trainer runs it through the shared advantage step so that the baseline logs what the other methods log: the
 collapse rate of its prompt groups (``grpo/collapse_rate``, DIVA's ``diva/collapse_rate/local`` counterpart, which
-``diva-report`` overlays), its training accuracy and its advantage statistics. The advantages are verl's
+``diva-report`` overlays), its training accuracy and its advantage statistics. ``grpo/advantage/zero_fraction``
+counts the responses of equal-score groups (:func:`verl_ext.algos.collapse.in_collapsed_group`: verl's float32
+z-score leaves them a rounding residue rather than an exact 0). The advantages are verl's
 ``compute_grpo_outcome_advantage`` itself, with verl's ``epsilon``; ``trainer_mode=sync`` runs verl's own trainer
 with the same estimator and none of these metrics.
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
 from verl_ext.algos import advantage_collapse_rate
+from verl_ext.algos.collapse import in_collapsed_group
 from verl_ext.methods.base import AdvantageInputs, AdvantageMethod, AdvantageResult, register_method
 from verl_ext.methods.metrics import advantage_summary
 
@@ -28,6 +31,9 @@ def compute(inputs: AdvantageInputs, config: None) -> AdvantageResult:
     )
     metrics = {"grpo/collapse_rate": advantage_collapse_rate(inputs.scores, inputs.index)}
     metrics.update(advantage_summary("grpo/advantage", advantages, inputs.response_mask))
+    # The responses of equal-score groups: their advantage is 0 in exact arithmetic but verl's float32 z-score can
+    # leave them a constant residue (-0.0074 for eight scores of 0.1), which an exact == 0 would count as signal.
+    metrics["grpo/advantage/zero_fraction"] = in_collapsed_group(inputs.scores, inputs.index).double().mean().item()
     return AdvantageResult(advantages, returns, metrics)
 
 

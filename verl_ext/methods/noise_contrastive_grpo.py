@@ -20,6 +20,7 @@ from verl.base_config import BaseConfig
 from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
 from verl_ext.algos import advantage_collapse_rate
+from verl_ext.algos.collapse import in_collapsed_group
 from verl_ext.algos.noise_contrastive_grpo import check_group_flags, half_metrics, rollout_gaps
 from verl_ext.methods.base import AdvantageInputs, AdvantageMethod, AdvantageResult, register_method
 from verl_ext.methods.metrics import advantage_summary
@@ -65,6 +66,8 @@ def compute(inputs: AdvantageInputs, config: NoiseContrastiveConfig) -> Advantag
     metrics.update({f"{NAME}/rollout_logprob_gap/{key}": value for key, value in gaps.items()})
     metrics[f"{NAME}/collapse_rate"] = advantage_collapse_rate(scores, inputs.index)
     metrics.update(advantage_summary(f"{NAME}/advantage", advantages, inputs.response_mask))
+    # verl's GRPO: equal-score groups count as zero whatever its float32 rounding leaves (as the grpo baseline).
+    metrics[f"{NAME}/advantage/zero_fraction"] = in_collapsed_group(scores, inputs.index).double().mean().item()
     return AdvantageResult(advantages, returns, metrics, per_response={"noisy": flags})
 
 
