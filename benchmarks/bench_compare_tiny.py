@@ -4,7 +4,8 @@ Runs the comparison (warm start, then each method for ``--steps`` steps from it,
 steps, each its own Ray job) and reports per method: the job's wall time (Ray start, worker start-up, validation
 and training), the training time (sum of verl's ``timing_s/step``) and steps per minute of training, plus the
 warm start's time. The last line printed is one JSON object with the figures. ``--quick``: GRPO and DIVA-GRPO,
-2 steps each, validation at the end only.
+2 steps each, validation at the end only. ``--from DIR``: the figures of a comparison already run into ``DIR``
+(``OUT`` of ``compare_tiny.sh``), without running it again.
 """
 
 from __future__ import annotations
@@ -48,7 +49,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--test-freq", type=int, default=4)
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: a temporary folder)")
+    parser.add_argument("--from", dest="done", type=Path, default=None, help="read a finished comparison's folder")
     args = parser.parse_args(argv)
+    if args.done is not None:
+        comparison = json.loads((args.done / "comparison.json").read_text())
+        settings = comparison["settings"]
+        result = {
+            "benchmark": "compare_tiny",
+            "steps": settings["steps"],
+            "test_freq": settings["test_freq"],
+            "total_minutes": comparison["minutes"],
+            "warm_start_val_accuracy": comparison["warm_start"]["val_accuracy"],
+            "methods": figures(args.done, comparison),
+        }
+        return _print(result)
     methods = args.methods.split() if args.methods else list(QUICK_METHODS if args.quick else ALL_METHODS)
     steps, test_freq = (2, 2) if args.quick else (args.steps, args.test_freq)
     with tempfile.TemporaryDirectory(prefix="bench_compare_") as tmp:
@@ -63,6 +77,10 @@ def main(argv: list[str] | None = None) -> dict:
             "warm_start_val_accuracy": comparison["warm_start"]["val_accuracy"],
             "methods": figures(out, comparison),
         }
+    return _print(result)
+
+
+def _print(result: dict) -> dict:
     for method, row in result["methods"].items():
         print(
             f"{method:10s} wall {row['wall_minutes']:6.2f} min  train {row['train_seconds']:7.1f} s  "

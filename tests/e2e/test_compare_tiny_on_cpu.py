@@ -1,24 +1,29 @@
 """The quick form of ``run_scripts/compare_tiny.sh``: verl's GRPO and DIVA-GRPO trained for real on the CPU (verl's
 trainer, FSDP2 worker, ``hf_cpu`` rollout, the project's reward) from one supervised warm start on the swatch task,
-with the same seed, data, steps and 8 responses per question. It checks what the comparison exists to show:
+with the same seed, data, 8 steps and 8 responses per question (the script's defaults). It checks what the
+comparison exists to show:
 
 * DIVA's mean zero-advantage fraction (``<prefix>/advantage/zero_fraction``) is below GRPO's;
-* both methods learn: the best greedy validation accuracy after training is above the one before it;
+* both methods learn: the best greedy validation accuracy after training is at least 10 points above the warm start;
 * ``comparison.json`` has the issue's schema, and ``diva-report`` wrote the figures.
 
 Why these numbers are robust to noise:
 
-* Every draw is seeded (warm start, data order, variant draws, rollout sampling: ``SEED``), and validation is greedy
-  (temperature 0), a deterministic function of the weights: the validation curve moves only when the policy does.
-* The zero-advantage gap comes from the groups, not from a small statistical edge: a GRPO response's advantage is
-  zero when its 8-response prompt group has equal rewards, a DIVA response's only when its whole 8-response question
-  group (original + variant) does (RRB zeroes a stream only on an equal group). Once the 8 training questions come
-  back (every 2 steps), the difficulty table has moved them away from the middle and DIVA plans harder variants for
-  the solved ones and hints for the failed ones: the groups that collapse under GRPO (all right, all wrong) are the
-  ones a variant splits.
-* "Learns" asks for the best accuracy after training to beat the accuracy before it (one question of 32 at least),
-  not for a fixed number of points; the full comparison's +10-point claim is measured by compare_tiny.sh and
-  reported in the README, not asserted here.
+* Nothing in the run is drawn from process state: the warm start (rows, order, label draws: seed 0), the data order,
+  DIVA's variant draws and every rollout sample (seeded per step, uid and response) follow from ``SEED``, batches are
+  summed in key order, and validation is greedy. Two runs on this machine log the same values (the hf_cpu runs of
+  the shared e2e run: 345 of 345), so the figures below are what this test sees, not a draw from a distribution:
+  they were the same on the development stack (torch 2.14.1, transformers 5.10.4) and on the main job's stack
+  (torch 2.11.0, transformers 5.9.0), where this test ran in 458 s.
+* The margins are wide for what would change them (a torch or transformers release that rounds differently, so
+  other samples): measured, GRPO 0.562 and DIVA 0.203 mean zero-advantage fraction (8 questions per step: one
+  question is 0.125, and the gap is almost three questions in every step); best validation accuracy 0.672 (GRPO)
+  and 0.484 (DIVA) from 0.312, that is 23 and 11 questions of 64 more than the 20 the warm start answers, where the
+  test asks for 7 (10 points).
+* The gap comes from the groups, not from a small statistical edge: a GRPO response's advantage is zero when its
+  8-response prompt group has equal rewards, a DIVA response's only when its whole 8-response question group
+  (original + variant) does. From step 2 the difficulty table has moved the 8 questions: DIVA gives the all-wrong
+  ones hints (which the warm start follows: right 100% of the time) and the all-right ones image perturbations.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,17 +39,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 METHODS = ("grpo", "diva_grpo")
-STEPS, TEST_FREQ, SEED = 6, 3, 0
+STEPS, TEST_FREQ, SEED = 8, 2, 0
 
-pytestmark = [
-    pytest.mark.timeout(900),
-    # Measured on the 2-core development machine (README, "Every method compared"), warm start trained to
-    # convergence (0.578), 10 steps: hint and image_perturb and the difficulty claims hold, but neither method keeps
-    # an accuracy above the warm start (GRPO 0.734 at step 2, then 0.469; DIVA never above 0.578) and DIVA's
-    # zero-advantage fraction is not below GRPO's (0.375 vs 0.225).
-    # Skipped, not weakened, until the claims hold: see the README's measured table.
-    pytest.mark.skip(reason="compare_tiny: the claims are not met yet (README, 'Every method compared')"),
-]
+# The main job's stack (gpu_stack: CI runs it in run_scripts/setup_vllm_cpu.sh's environment, as the other training
+# runs), where the figures in the module docstring were measured.
+pytestmark = [pytest.mark.gpu_stack, pytest.mark.timeout(900)]
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +60,8 @@ def compared(tmp_path_factory):
         "STEPS": str(STEPS),
         "TEST_FREQ": str(TEST_FREQ),
         "SEED": str(SEED),
+        # The launcher's python is this test's (the stack it runs on), whatever PATH says.
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
     }
     for name in ("RAY_ADDRESS", "VERL_PLATFORM", "DIVA_CPU_PROBE_DIR", "VERL_FILE_LOGGER_ROOT", "WORKDIR"):
         env.pop(name, None)
@@ -101,7 +103,7 @@ def test_diva_keeps_more_advantage_signal_than_grpo(compared):
 def test_both_methods_learn(compared, method):
     curve = compared["comparison"]["methods"][method]["val_accuracy"]
     before, best_after = curve[0][1], max(v for _, v in curve[1:])
-    assert best_after > before, curve
+    assert best_after >= before + 0.10 - 1e-9, curve
 
 
 def test_report_written(compared):

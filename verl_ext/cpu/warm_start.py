@@ -13,11 +13,13 @@ its last batches):
   question's list) on a blank canvas, always taught the right number, so that the policy learns to follow a hint
   when the image tells nothing;
 * **the number code, half known**: red's and green's numbers are always taught right; blue's and yellow's are drawn,
-  afresh at every presentation, from :data:`UNKNOWN_CODE`: their family partner's number (yellow 1 like red, blue 2
-  like green) 40% of the time, the right one 30%, each other 15%. The warm policy thus answers blue and yellow
-  wrongly when greedy, but samples the right number about a third of the time: what RL must find from the reward.
+  afresh at every presentation, from :data:`UNKNOWN_CODE`: 0 (a number no colour stands for: the policy hedges)
+  half of the time, the right one 20%, red's and green's 15% each. The warm policy thus answers blue and yellow
+  wrongly when greedy, but samples the right number now and then: what RL must find from the reward. A wrong
+  answer that is no colour's number keeps the two halves apart: RL pushing blue away from 0 pushes no colour away
+  from its own number.
 
-Its greedy validation accuracy is then about the share of red and green questions it sees right, checked to be in
+Its greedy validation accuracy is then at most the share of red and green questions it sees right, checked to be in
 the issue's 20-60% band (:class:`WarmStartError` otherwise).
 
 Why a few lines of transformers and not verl's SFT trainer: verl 0.9.1's SFT trainer is a torchrun/FSDP job over
@@ -50,8 +52,8 @@ SFT_MAX_HARDNESS = 0.5
 KNOWN_COLOURS = ("red", "green")
 # Blue's and yellow's numbers as the warm start teaches them: (number, probability), drawn at every presentation.
 UNKNOWN_CODE = {
-    "blue": (("2", 0.40), ("3", 0.30), ("1", 0.15), ("4", 0.15)),
-    "yellow": (("1", 0.40), ("4", 0.30), ("2", 0.15), ("3", 0.15)),
+    "blue": (("0", 0.50), ("3", 0.20), ("1", 0.15), ("2", 0.15)),
+    "yellow": (("0", 0.50), ("4", 0.20), ("1", 0.15), ("2", 0.15)),
 }
 
 
