@@ -32,6 +32,13 @@ def _checked_scores(scores: Any) -> torch.Tensor:
     return values
 
 
+def _group_spread(scores: Any, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(G,)`` max - min of the checked ``scores`` per group of ``index``, and each response's ``(B,)`` group."""
+    values = _checked_scores(scores)
+    group_of, num_groups = dense_group_ids(index, "index", values.numel(), values.device)
+    return group_range(values, group_of, num_groups), group_of
+
+
 def advantage_collapse_rate(scores: Any, index: Any) -> float:
     """Fraction of groups whose scores are all equal.
 
@@ -44,9 +51,7 @@ def advantage_collapse_rate(scores: Any, index: Any) -> float:
         ``#{g : max_g(s) == min_g(s)} / #groups``. A group of one counts as collapsed: it has no
         spread to learn from (its RRB range is 0).
     """
-    values = _checked_scores(scores)
-    group_of, num_groups = dense_group_ids(index, "index", values.numel(), values.device)
-    spread = group_range(values, group_of, num_groups)
+    spread, _ = _group_spread(scores, index)
     return float((spread == 0).to(torch.float64).mean())
 
 
@@ -56,6 +61,5 @@ def in_collapsed_group(scores: Any, index: Any) -> torch.Tensor:
     verl's GRPO computes ``(s - mean) / (std + eps)`` in float32: a group of eight equal scores of 0.1 (a well-formed
     wrong answer) gets a mean one rounding step off 0.1 and a std of about 0, so every response gets -0.0074, not
     0: rounding divided by ``eps``, not a learning signal. Counting such responses as zero needs the scores."""
-    values = _checked_scores(scores)
-    group_of, num_groups = dense_group_ids(index, "index", values.numel(), values.device)
-    return group_range(values, group_of, num_groups)[group_of] == 0
+    spread, group_of = _group_spread(scores, index)
+    return spread[group_of] == 0

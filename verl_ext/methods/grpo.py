@@ -30,10 +30,10 @@ def compute(inputs: AdvantageInputs, config: None) -> AdvantageResult:
         inputs.token_level_rewards, inputs.response_mask, inputs.index, norm_adv_by_std_in_grpo=True
     )
     metrics = {"grpo/collapse_rate": advantage_collapse_rate(inputs.scores, inputs.index)}
-    metrics.update(advantage_summary("grpo/advantage", advantages, inputs.response_mask))
-    # The responses of equal-score groups: their advantage is 0 in exact arithmetic but verl's float32 z-score can
-    # leave them a constant residue (-0.0074 for eight scores of 0.1), which an exact == 0 would count as signal.
-    metrics["grpo/advantage/zero_fraction"] = in_collapsed_group(inputs.scores, inputs.index).double().mean().item()
+    # Zero: the responses of equal-score groups. Their advantage is 0 in exact arithmetic, but verl's float32 z-score
+    # can leave them a constant residue (-0.0074 for eight scores of 0.1), which an exact == 0 would count as signal.
+    zero = in_collapsed_group(inputs.scores, inputs.index)
+    metrics.update(advantage_summary("grpo/advantage", advantages, inputs.response_mask, zero=zero))
     return AdvantageResult(advantages, returns, metrics)
 
 

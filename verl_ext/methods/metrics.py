@@ -24,10 +24,16 @@ def per_response_advantage(advantages: torch.Tensor, response_mask: torch.Tensor
     return (advantages * mask).sum(-1) / mask.sum(-1).clamp(min=1)
 
 
-def advantage_summary(prefix: str, advantages: torch.Tensor, response_mask: torch.Tensor) -> dict[str, float]:
-    """:func:`summary` of the per-response advantages plus the fraction of responses whose advantage is 0."""
+def advantage_summary(
+    prefix: str, advantages: torch.Tensor, response_mask: torch.Tensor, zero: torch.Tensor | None = None
+) -> dict[str, float]:
+    """:func:`summary` of the per-response advantages plus the fraction of responses whose advantage is 0.
+
+    ``zero``: ``(R,)`` bool, the responses whose advantage is 0 when the float result cannot say so (verl's GRPO:
+    :func:`verl_ext.algos.collapse.in_collapsed_group`); by default those whose advantage is exactly 0."""
     per_response = per_response_advantage(advantages, response_mask)
     out = summary(prefix, per_response)
     if per_response.numel():
-        out[f"{prefix}/zero_fraction"] = (per_response == 0).to(torch.float64).mean().item()
+        zero = per_response == 0 if zero is None else zero
+        out[f"{prefix}/zero_fraction"] = zero.to(torch.float64).mean().item()
     return out

@@ -65,9 +65,9 @@ def compute(inputs: AdvantageInputs, config: NoiseContrastiveConfig) -> Advantag
     gaps = rollout_gaps(inputs.tensor("rollout_log_probs"), inputs.tensor("old_log_probs"), inputs.response_mask, flags)
     metrics.update({f"{NAME}/rollout_logprob_gap/{key}": value for key, value in gaps.items()})
     metrics[f"{NAME}/collapse_rate"] = advantage_collapse_rate(scores, inputs.index)
-    metrics.update(advantage_summary(f"{NAME}/advantage", advantages, inputs.response_mask))
     # verl's GRPO: equal-score groups count as zero whatever its float32 rounding leaves (as the grpo baseline).
-    metrics[f"{NAME}/advantage/zero_fraction"] = in_collapsed_group(scores, inputs.index).double().mean().item()
+    zero = in_collapsed_group(scores, inputs.index)
+    metrics.update(advantage_summary(f"{NAME}/advantage", advantages, inputs.response_mask, zero=zero))
     return AdvantageResult(advantages, returns, metrics, per_response={"noisy": flags})
 
 
