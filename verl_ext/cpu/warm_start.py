@@ -113,7 +113,8 @@ def _chat(processor, text: str) -> str:
 
 
 def _training_batch(processor, examples: list[dict], numbers: list[str]):
-    """Right-padded inputs and labels (-100 on the prompt and the padding) of ``examples`` taught ``numbers``."""
+    """Right-padded inputs and labels (-100 on the prompt and the padding) of ``examples`` taught ``numbers``
+    (each example with its ``prompt_tokens``, :func:`_with_prompt_tokens`)."""
     tokenizer = processor.tokenizer
     prompts = [_chat(processor, e["text"]) for e in examples]
     texts = [
@@ -127,9 +128,18 @@ def _training_batch(processor, examples: list[dict], numbers: list[str]):
         tokenizer.padding_side = side
     labels = batch["input_ids"].clone()
     labels[batch["attention_mask"] == 0] = -100
-    for i, (prompt, example) in enumerate(zip(prompts, examples, strict=True)):
-        labels[i, : len(processor(text=[prompt], images=[example["image"]])["input_ids"][0])] = -100
+    for i, example in enumerate(examples):
+        labels[i, : example["prompt_tokens"]] = -100
     return batch, labels
+
+
+def _with_prompt_tokens(processor, examples: list[dict]) -> list[dict]:
+    """``examples``, each with ``prompt_tokens``: its prompt's length in tokens (image pads expanded), counted once
+    rather than in every batch that draws it."""
+    return [
+        {**e, "prompt_tokens": len(processor(text=[_chat(processor, e["text"])], images=[e["image"]])["input_ids"][0])}
+        for e in examples
+    ]
 
 
 def validation_examples(rows: pd.DataFrame) -> list[dict]:
@@ -221,7 +231,7 @@ def warm_start(
     model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
     rows = swatch_rows(SFT_ROWS, seed=10_000 + seed, split="sft", max_hardness=SFT_MAX_HARDNESS)
-    train = sft_examples(rows)
+    train = _with_prompt_tokens(processor, sft_examples(rows))
     val = validation_examples(pd.read_parquet(val_file))
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 - step / steps)
