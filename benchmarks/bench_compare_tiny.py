@@ -14,7 +14,6 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,35 +51,25 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--from", dest="done", type=Path, default=None, help="read a finished comparison's folder")
     args = parser.parse_args(argv)
     if args.done is not None:
-        comparison = json.loads((args.done / "comparison.json").read_text())
-        settings = comparison["settings"]
-        result = {
-            "benchmark": "compare_tiny",
-            "steps": settings["steps"],
-            "test_freq": settings["test_freq"],
-            "total_minutes": comparison["minutes"],
-            "warm_start_val_accuracy": comparison["warm_start"]["val_accuracy"],
-            "methods": figures(args.done, comparison),
-        }
-        return _print(result)
+        return _report(args.done, json.loads((args.done / "comparison.json").read_text()))
     methods = args.methods.split() if args.methods else list(QUICK_METHODS if args.quick else ALL_METHODS)
     steps, test_freq = (2, 2) if args.quick else (args.steps, args.test_freq)
     with tempfile.TemporaryDirectory(prefix="bench_compare_") as tmp:
         out = args.out or Path(tmp)
-        started = time.perf_counter()
-        comparison = compare(out, methods, steps=steps, test_freq=test_freq)
-        result = {
-            "benchmark": "compare_tiny",
-            "steps": steps,
-            "test_freq": test_freq,
-            "total_minutes": round((time.perf_counter() - started) / 60, 2),
-            "warm_start_val_accuracy": comparison["warm_start"]["val_accuracy"],
-            "methods": figures(out, comparison),
-        }
-    return _print(result)
+        return _report(out, compare(out, methods, steps=steps, test_freq=test_freq))
 
 
-def _print(result: dict) -> dict:
+def _report(out: Path, comparison: dict) -> dict:
+    """Print the per-method lines and, last, the JSON figures of the comparison in ``out``; returns the figures."""
+    settings = comparison["settings"]
+    result = {
+        "benchmark": "compare_tiny",
+        "steps": settings["steps"],
+        "test_freq": settings["test_freq"],
+        "total_minutes": comparison["minutes"],
+        "warm_start_val_accuracy": comparison["warm_start"]["val_accuracy"],
+        "methods": figures(out, comparison),
+    }
     for method, row in result["methods"].items():
         print(
             f"{method:10s} wall {row['wall_minutes']:6.2f} min  train {row['train_seconds']:7.1f} s  "

@@ -8,7 +8,8 @@
 #   OUT=DIR METHODS="grpo diva_grpo" bash run_scripts/compare_tiny.sh     # the quick form (CI's test)
 # METHODS: adv_estimator names (default: grpo diva_grpo avspo codapo durian pgpo mupo noise_contrastive_grpo; the
 # first is the report's baseline). STEPS (8), TEST_FREQ (2), SEED (0), QUESTIONS (8 per step), ROLLOUT_N (4 per DIVA
-# prompt; the others get twice as many per question's one prompt). WORKDIR (default $OUT/work) keeps the model, data and warm start.
+# prompt; the others get twice as many per question's one prompt). WORKDIR (default $OUT/work) keeps the model,
+# data and warm start.
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
