@@ -51,7 +51,7 @@ position_ids_patch.apply()
 # import of one of our modules (verl_ext.config subclasses verl's BaseConfig); importing the methods from here then
 # would find that module half-built, and verl would hide the failure. The registered function imports the method
 # on its first call and runs its verl estimator (AVSPO) or its refusal naming the toolkit trainer.
-TOOLKIT_METHODS = ("avspo", "codapo", "durian", "pgpo", "mupo", "noise_contrastive_grpo")
+from verl_ext.method_names import TOOLKIT_METHODS  # noqa: E402
 
 
 def _by_name(name: str):

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import os
 
+from verl_ext.cpu.names import ROLLOUT_NAME
+
 # Environment of every process of a CPU job (Ray runtime_env env_vars). VERL_ENGINE_DEVICE makes verl's
 # engine registry hand out its FSDP engine, registered for cuda/npu only, on the CPU platform.
 CPU_ENV = {"VERL_PLATFORM": "cpu", "VERL_ENGINE_DEVICE": "cuda"}
@@ -24,8 +26,6 @@ def cpu_mode_requested() -> bool:
     """True when this process was asked to run verl on the CPU (``VERL_PLATFORM=cpu``)."""
     return os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu"
 
-
-ROLLOUT_NAME = "hf_cpu"
 
 # vLLM's worker extension for its CPU build (verl's, plus the patch keep_cpu_linear_weights), by qualified name:
 # vLLM imports it in its worker process (rollout.engine_kwargs.vllm.worker_extension_cls).

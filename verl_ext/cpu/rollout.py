@@ -34,7 +34,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica, TokenOutput
 
 from verl_ext import faults
-from verl_ext.cpu import ROLLOUT_NAME
+from verl_ext.cpu.names import ROLLOUT_NAME
 from verl_ext.nc_grpo.hf_hook import prefill_noise
 from verl_ext.nc_grpo.noise import request_noise
 

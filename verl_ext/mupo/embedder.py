@@ -1,38 +1,13 @@
-"""What MUPO needs from an embeddings backend, and the one place the config picks it."""
+"""The one place the config picks MUPO's embeddings backend (what a backend is: :mod:`verl_ext.mupo.backend`)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import Protocol
 
-import numpy as np
-
+from verl_ext.mupo.backend import Embedder
 from verl_ext.mupo.config import EmbeddingConfig
 
 BACKENDS = ("openai", "sentence_transformers", "hashing")
-
-
-class Embedder(Protocol):
-    """``embed(texts) -> (len(texts), D)`` float array, row ``i`` for ``texts[i]``; raises
-    :class:`verl_ext.mupo.errors.EmbeddingError` when it cannot. ``stats`` counts requests (and retries)."""
-
-    stats: dict
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray: ...
-
-    def describe(self) -> str: ...
-
-    def close(self) -> None: ...
-
-
-def checked_texts(texts: Sequence[str]) -> list[str]:
-    """``texts`` as a list, the model backends' input check: ``ValueError`` naming the first that is not a str."""
-    texts = list(texts)
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise ValueError(f"texts[{i}] must be a str, got {type(text).__name__}")
-    return texts
 
 
 # One backend per distinct embedding config in this process: the endpoint client keeps its connection pool and

@@ -27,7 +27,7 @@ import numpy as np
 import openai
 
 from data_prep.llm_client import FATAL_ERRORS, PLACEHOLDER_API_KEY, RETRYABLE_ERRORS, RetryPolicy
-from verl_ext.mupo.embedder import checked_texts
+from verl_ext.mupo.backend import checked_texts
 from verl_ext.mupo.errors import EmbeddingEndpointRefused, EmbeddingError
 
 logger = logging.getLogger(__name__)

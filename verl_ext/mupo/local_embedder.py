@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from verl_ext.mupo.embedder import checked_texts
+from verl_ext.mupo.backend import checked_texts
 from verl_ext.mupo.errors import EmbeddingError
 
 
