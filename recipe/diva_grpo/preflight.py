@@ -34,6 +34,7 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 
 from recipe.diva_grpo.prelaunch import DEFAULT_DATA_FILES
+from verl_ext.cluster.batch_arithmetic import check_batch_arithmetic
 from verl_ext.config import diva_config_from
 
 PREFLIGHT_QUESTIONS_PER_STEP = 4
@@ -264,6 +265,10 @@ def run_preflight(config: DictConfig) -> dict:
 
     # 1. config
     diva_config_from(config.diva)
+    # The rows each rank of the configured cluster gets in every pass (the run's own settings, before the preflight
+    # shrinks them to this machine).
+    for line in check_batch_arithmetic(config).lines():
+        _log(f"batch: {line}")
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     cfg = preflight_config(config, workdir)
     OmegaConf.resolve(cfg)

@@ -3,8 +3,10 @@
 ``run_scripts/_submit.sh`` runs it with the job's Hydra overrides, before ``ray start``. In about a second it
 refuses the data files the job would refuse a minute later (same checks, same messages:
 :mod:`verl_ext.data.file_checks`): a file that is missing or not readable parquet, a training file without the DIVA
-columns, the same file as training and validation data. It also creates the folder of verl's metrics log
-(``VERL_FILE_LOGGER_PATH``, set by the launcher), which verl's file logger does not create itself.
+columns, the same file as training and validation data; and a batch that verl would assert on once the model has
+loaded (:mod:`verl_ext.cluster.batch_arithmetic`), printing the rows each rank gets in every pass. It also creates
+the folder of verl's metrics log (``VERL_FILE_LOGGER_PATH``, set by the launcher), which verl's file logger does not
+create itself.
 
 Only the recipe yaml and the overrides are composed (verl's defaults are not loaded: that imports verl and torch,
 tens of seconds); the job composes the full config and checks again.
@@ -66,6 +68,7 @@ def check_launch(overrides: list[str], remote: bool | None = None) -> dict:
     """Run the checks for a launch with ``overrides``; returns what was checked. Raises ``ValueError``."""
     from omegaconf import OmegaConf
 
+    from verl_ext.cluster.batch_arithmetic import check_batch_arithmetic
     from verl_ext.data.file_checks import check_data_files
 
     if remote is None:
@@ -84,6 +87,9 @@ def check_launch(overrides: list[str], remote: bool | None = None) -> dict:
         elif remote:
             skip.append(os.path.abspath(path))  # on the cluster's storage, not this machine's: the job checks it
     report = check_data_files(train, val, diva=diva, skip=skip)
+    # The rows each training rank gets in every pass, refused here when verl would assert on them after the model
+    # loaded (verl_ext/cluster/batch_arithmetic.py).
+    report["batch"] = check_batch_arithmetic(cfg).lines()
     # The preflight writes its own logs into its work folder: no run folder to create for it.
     report["metrics_log"] = None if dry_run else OmegaConf.select(cfg, LOGGER_PATH_KEY)
     return report
@@ -113,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     if report["skipped"]:
         line += f" (left to the job: {', '.join(report['skipped'])})"
     _log(line)
+    for line in report["batch"]:
+        _log(f"batch: {line}")
     return 0
 
 

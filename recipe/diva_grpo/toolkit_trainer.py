@@ -39,7 +39,8 @@ from verl_ext import faults
 from verl_ext.methods import AdvantageInputs, AdvantageResult, get_method
 from verl_ext.methods.base import TENSOR_NEEDS
 from verl_ext.plugin import check_registered
-from verl_ext.rollout.replay_buffer import OrderedReplayBuffer
+from verl_ext.rollout.complete_groups import check_complete_groups
+from verl_ext.rollout.replay_buffer import OrderedReplayBuffer, key_order
 from verl_ext.rollout.seeds import prompt_uid
 from verl_ext.transfer_queue_fields import non_tensor_list
 
@@ -115,6 +116,32 @@ class ToolkitTrainer(PPOTrainerSync):
             buffer.watch(self._rollout_actors)
         return buffer
 
+    def on_train_begin(self):
+        super().on_train_begin()
+        self._report_placement()
+
+    def _placement_groups(self) -> dict[str, list]:
+        """The actors whose node the placement report names, by group, each in rank order."""
+        manager = getattr(self, "llm_server_manager", None)
+        loop = getattr(self, "agent_loop_manager", None)
+        return {
+            "training ranks": list(self.actor_rollout_wg.workers),
+            "rollout replicas": [replica.servers[0] for replica in (manager.get_replicas() if manager else [])],
+            "agent-loop workers": list(getattr(loop, "agent_loop_workers", None) or []),
+            "reward workers": list(getattr(loop, "reward_loop_worker_handles", None) or []),
+        }
+
+    def _report_placement(self) -> None:
+        """Print where the trainer process, the training ranks and the rollout replicas landed (Ray's state API);
+        a cluster that cannot answer is noted, never fatal."""
+        from verl_ext.cluster.placement import placement, placement_lines
+
+        try:
+            lines = placement_lines(placement(self._placement_groups()))
+        except Exception as err:  # the state API needs the dashboard; a report is not worth a failed run
+            lines = [f"[cluster] placement unavailable: {type(err).__name__}: {err}"]
+        print("\n".join(lines), flush=True)
+
     def _rollout_actors(self) -> list[tuple[str, object]]:
         """The actors a step's rollouts need: rollout servers, agent-loop workers, reward workers (once started)."""
         actors = []
@@ -168,7 +195,16 @@ class ToolkitTrainer(PPOTrainerSync):
             data, is_metrics = compute_rollout_correction_and_add_to_batch(data, rollout_corr_config)
             metrics.update(is_metrics)
 
-        rows = np.flatnonzero([not tag.get("is_padding", False) for tag in batch.tags])
+        # The real rows (verl's no-op padding left out) in key order: verl's sequence balancing reorders the batch
+        # by rank, and the method's group sums must add in one order at every world size.
+        rows = np.array(
+            sorted(
+                (i for i, tag in enumerate(batch.tags) if not tag.get("is_padding", False)),
+                key=lambda i: key_order(batch.keys[i]),
+            ),
+            dtype=np.int64,
+        )
+        self._check_groups(uids[rows], [extra_info[i] for i in rows] if extra_info is not None else None)
         idx = torch.as_tensor(rows)
         inputs = AdvantageInputs(
             token_level_rewards=data.batch["token_level_rewards"][idx],
@@ -214,6 +250,15 @@ class ToolkitTrainer(PPOTrainerSync):
         metrics[f"{prefix}/timing_s/advantage"] = t_adv - t0
         self._timing_after_advantage(metrics, t_after - t_adv)
         return batch
+
+    def _check_groups(self, uids: np.ndarray, extra_info: list | None) -> None:
+        """Every prompt of the step brings its ``rollout.n`` responses (subclasses check more)."""
+        check_complete_groups(
+            uids,
+            int(self.config.actor_rollout_ref.rollout.n),
+            "prompts",
+            "a rollout request failed or a group was split (see the job's log for the failed requests)",
+        )
 
     @staticmethod
     def _response_field(data: DataProto, name: str) -> torch.Tensor:

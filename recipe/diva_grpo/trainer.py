@@ -41,6 +41,7 @@ from verl_ext.difficulty.alphas import per_response_values, question_alphas
 from verl_ext.difficulty.service import DifficultyService, PendingUpdate
 from verl_ext.methods import AdvantageInputs, AdvantageResult
 from verl_ext.plugin import ADV_ESTIMATOR_NAME, check_registered
+from verl_ext.rollout.complete_groups import check_complete_groups
 
 logger = logging.getLogger(__name__)
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
@@ -126,6 +127,21 @@ class DivaTrainer(ToolkitTrainer):
         )
         # Each update's reply carries the changed entries, copied into the table the data workers read.
         self.difficulty.attach_table(self.train_dataset.difficulty_table)
+
+    def _check_groups(self, uids: np.ndarray, extra_info: list | None) -> None:
+        """Every prompt brings its ``rollout.n`` responses and every question its original and variants: DIVA's
+        global group and difficulty update are over the whole question."""
+        super()._check_groups(uids, extra_info)
+        block = 1 + self.diva.variants.variants_per_question
+        check_complete_groups(
+            [info["question_id"] for info in extra_info],
+            block * int(self.config.actor_rollout_ref.rollout.n),
+            "questions",
+            f"each question's {block} prompt(s) x rollout.n responses must reach one step (QuestionBlockSampler)",
+        )
+
+    def _placement_groups(self) -> dict[str, list]:
+        return {**super()._placement_groups(), "difficulty service": [self.difficulty.handle]}
 
     def _load_checkpoint(self):
         super()._load_checkpoint()

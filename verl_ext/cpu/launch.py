@@ -100,8 +100,9 @@ def vllm_worker_extension(method: str) -> str:
 
 
 # verl's defaults that need an accelerator or more memory, changed by both CPU routes: flash-attention and its
-# padding-free packing, FSDP1, bf16 autocast, torch.compile; micro-batches, loader workers and verl's 8 agent-loop
-# workers, reward workers and storage units (~10 GB) sized for the tiny run.
+# padding-free packing, FSDP1, bf16 autocast, torch.compile; loader workers, verl's 8 reward workers and storage
+# units (~10 GB) sized for the tiny run. Micro-batches and agent-loop workers follow the cluster's shape
+# (:func:`cluster_overrides`).
 _FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 ACCELERATOR_FREE_OVERRIDES = (
     "trainer.device=cpu",
@@ -113,14 +114,60 @@ ACCELERATOR_FREE_OVERRIDES = (
     "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
     "actor_rollout_ref.ref.fsdp_config.use_torch_compile=false",
     "actor_rollout_ref.actor.use_torch_compile=false",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16",
     "data.dataloader_num_workers=0",
-    "actor_rollout_ref.rollout.agent.num_workers=1",
     "reward.num_workers=1",
     "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
 )
+# The tiny run's responses per step, every method (DIVA: questions x 2 prompts x n; the others: questions x 2n).
+RESPONSES_PER_QUESTION = 8
+# Micro-batch sizes of one rank at world size 1; a larger world gets the rows each rank has, if fewer.
+UPDATE_MICRO_BATCH, LOG_PROB_MICRO_BATCH = 8, 16
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    """The cluster a CPU run trains on: ``nodes`` Ray nodes of ``gpus_per_node`` logical GPUs each (one training
+    rank per GPU), rollout replicas of ``tp`` GPUs (tensor parallel; vLLM only)."""
+
+    nodes: int = 1
+    gpus_per_node: int = 1
+    tp: int = 1
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    def check(self, rollout: str) -> None:
+        if self.nodes < 1 or self.gpus_per_node < 1 or self.tp < 1:
+            raise ValueError(f"NODES={self.nodes}, GPUS_PER_NODE={self.gpus_per_node}, TP={self.tp}: each must be >= 1")
+        if self.gpus_per_node % self.tp:
+            raise ValueError(
+                f"TP={self.tp}: a rollout replica's GPUs sit on one node, so TP must divide GPUS_PER_NODE="
+                f"{self.gpus_per_node}"
+            )
+        if self.tp > 1 and rollout != "vllm":
+            raise ValueError(f"TP={self.tp}: tensor-parallel replicas need ROLLOUT=vllm (hf_cpu serves whole models)")
+
+
+def cluster_overrides(shape: ClusterShape, responses_per_step: int) -> list[str]:
+    """What the cluster's shape sets: nodes and GPUs per node, then :func:`worker_overrides`."""
+    return [
+        f"trainer.nnodes={shape.nodes}",
+        f"trainer.n_gpus_per_node={shape.gpus_per_node}",
+        *worker_overrides(shape, responses_per_step),
+    ]
+
+
+def worker_overrides(shape: ClusterShape, responses_per_step: int) -> list[str]:
+    """One agent-loop worker per node (verl places them round-robin over the nodes), and micro-batch sizes that
+    divide each rank's rows (checked before the model loads: :mod:`verl_ext.cluster.batch_arithmetic`)."""
+    rows = responses_per_step // shape.world
+    return [
+        f"actor_rollout_ref.rollout.agent.num_workers={shape.nodes}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={min(UPDATE_MICRO_BATCH, rows)}",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={min(LOG_PROB_MICRO_BATCH, rows)}",
+        f"actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={min(LOG_PROB_MICRO_BATCH, rows)}",
+    ]
 
 
 def method_overrides(method: str, questions: int, rollout_n: int) -> list[str]:
@@ -175,6 +222,7 @@ def cpu_overrides(
     reward: str = "separating",
     test_freq: int | None = None,
     seed: int = 0,
+    shape: ClusterShape = ClusterShape(),
 ) -> list[str]:
     """Hydra overrides of a tiny CPU run (see the module docstring).
 
@@ -182,7 +230,8 @@ def cpu_overrides(
     :func:`verl_ext.reward.compute_score`: ``\\boxed{}`` and math-verify, for the swatch task). Validation runs
     before training and every ``test_freq`` steps (default: at the last step), greedy (temperature 0: the same
     answers for the same weights, so curves move only when the policy does). ``seed`` seeds the data order, the
-    variant draws and the rollout sampling.
+    variant draws and the rollout sampling. ``shape``: the cluster's nodes and GPUs per node
+    (:func:`cluster_overrides`).
 
     ``ray_init``: the entry point starts Ray itself (a test); then it gets one logical GPU, 16 logical CPUs
     (TransferQueue's storage actors) and :data:`verl_ext.cpu.CPU_ENV` for every process. Under ``ray job submit``
@@ -196,13 +245,12 @@ def cpu_overrides(
         f"diva.variants.max_pixels={MAX_PIXELS}",
         f"actor_rollout_ref.model.path={paths['model']}",
         *ACCELERATOR_FREE_OVERRIDES,
+        *cluster_overrides(shape, questions * 2 * rollout_n),
         "actor_rollout_ref.model.enable_gradient_checkpointing=false",
         f"actor_rollout_ref.actor.optim.lr={lr}",
         f"actor_rollout_ref.rollout.name={ROLLOUT_NAME}",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
         *_reward_overrides(reward),
-        "trainer.nnodes=1",
-        "trainer.n_gpus_per_node=1",
         f"trainer.total_training_steps={steps}",
         "trainer.total_epochs=100",
         f"trainer.save_freq={save_freq if save_freq is not None else steps}",
@@ -219,8 +267,10 @@ def cpu_overrides(
         f"trainer.default_local_dir={ckpt_dir}",
     ]
     if ray_init:
+        if shape.nodes != 1:
+            raise ValueError("ray_init starts a one-node Ray cluster in the entry point; several nodes need a launcher")
         args += [
-            "+ray_kwargs.ray_init.num_gpus=1",
+            f"+ray_kwargs.ray_init.num_gpus={shape.gpus_per_node}",
             "ray_kwargs.ray_init.num_cpus=16",
             "+ray_kwargs.ray_init.include_dashboard=false",
         ]
@@ -245,7 +295,11 @@ _AR = "actor_rollout_ref"
 VLLM_CPU_CHANGES: tuple[CpuChange, ...] = (
     CpuChange("MODEL_PATH", (f"{_AR}.model.path",), "the tiny Qwen2-VL built locally (no hub)"),
     CpuChange("TRAIN_FILES, VAL_FILES", ("data.train_files", "data.val_files"), "the tiny `diva-prep synth` set"),
-    CpuChange("N_GPUS_PER_NODE=1", ("trainer.n_gpus_per_node",), "device: the local head has one logical GPU"),
+    CpuChange(
+        "NNODES, N_GPUS_PER_NODE, TP_SIZE (tiny_cpu.sh: NODES, GPUS_PER_NODE, TP)",
+        ("trainer.nnodes", "trainer.n_gpus_per_node", f"{_AR}.rollout.tensor_model_parallel_size"),
+        "device: the local cluster's nodes and logical GPUs (default one node, one GPU)",
+    ),
     CpuChange(
         "QUESTIONS_PER_STEP=2, ROLLOUT_N",
         ("data.train_batch_size", f"{_AR}.actor.ppo_mini_batch_size", f"{_AR}.rollout.n"),
@@ -301,14 +355,14 @@ VLLM_CPU_CHANGES: tuple[CpuChange, ...] = (
         "time: compiling on 2 cores costs more than the run",
     ),
     CpuChange(
-        "micro-batch sizes 8 / 16, data.dataloader_num_workers=0",
+        "micro-batch sizes 8 / 16 (at most each rank's rows), data.dataloader_num_workers=0",
         (
             f"{_AR}.actor.ppo_micro_batch_size_per_gpu",
             f"{_AR}.rollout.log_prob_micro_batch_size_per_gpu",
             f"{_AR}.ref.log_prob_micro_batch_size_per_gpu",
             "data.dataloader_num_workers",
         ),
-        "size: 16 responses per step; no loader processes on 2 cores",
+        "size: 16 responses per step over the ranks; no loader processes on 2 cores",
     ),
     CpuChange(
         "rollout.enable_sleep_mode=false, rollout.free_cache_engine=false",
@@ -329,7 +383,7 @@ VLLM_CPU_CHANGES: tuple[CpuChange, ...] = (
         "the run's checks: the rollout's log-probs and each step's weights (verl_ext.cpu.logprob_check)",
     ),
     CpuChange(
-        "agent.num_workers=1, reward.num_workers=1, one TransferQueue storage unit",
+        "agent.num_workers=<nodes>, reward.num_workers=1, one TransferQueue storage unit",
         (
             f"{_AR}.rollout.agent.num_workers",
             "reward.num_workers",
@@ -369,9 +423,11 @@ def vllm_launcher_env(
     rollout_n: int = 4,
     response_length: int = 24,
     lr: float = 1e-3,
+    shape: ClusterShape = ClusterShape(),
 ) -> dict[str, str]:
     """The GPU launcher's variables for the CPU run (see :data:`VLLM_CPU_CHANGES`): DIVA gets ``rollout_n``
-    responses for each of its 2 prompts per question, the other methods ``2 * rollout_n`` for their one."""
+    responses for each of its 2 prompts per question, the other methods ``2 * rollout_n`` for their one; the
+    cluster's shape sets ``NNODES``, ``N_GPUS_PER_NODE`` and ``TP_SIZE``."""
     diva = _is_diva(method)
     extension = vllm_worker_extension(method)
     own = {"WORKER_EXTENSION": extension} if extension != VLLM_WORKER_EXTENSION else {}
@@ -380,7 +436,9 @@ def vllm_launcher_env(
         "MODEL_PATH": paths["model"],
         "TRAIN_FILES": paths["train"],
         "VAL_FILES": paths["val"],
-        "N_GPUS_PER_NODE": "1",
+        "NNODES": str(shape.nodes),
+        "N_GPUS_PER_NODE": str(shape.gpus_per_node),
+        "TP_SIZE": str(shape.tp),
         "QUESTIONS_PER_STEP": str(questions),
         "ROLLOUT_N": str(rollout_n if diva else 2 * rollout_n),
         "MAX_PROMPT_LENGTH": "1024",
@@ -417,11 +475,19 @@ def vllm_engine_overrides(method: str = "diva") -> list[str]:
     ]
 
 
-def vllm_cpu_overrides(*, method: str = "diva", steps: int = 3, rollout_n: int = 4) -> list[str]:
+def vllm_cpu_overrides(
+    *,
+    method: str = "diva",
+    steps: int = 3,
+    questions: int = 2,
+    rollout_n: int = 4,
+    shape: ClusterShape = ClusterShape(),
+) -> list[str]:
     """Hydra overrides the GPU launcher has no variable for (see :data:`VLLM_CPU_CHANGES`), after its own."""
     return [
         *_mupo_overrides(method, rollout_n),
         *ACCELERATOR_FREE_OVERRIDES,
+        *worker_overrides(shape, questions * 2 * rollout_n),  # nodes and GPUs: the launcher's NNODES, ...
         f"trainer.total_training_steps={steps}",
         "trainer.resume_mode=auto",
         "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
@@ -477,6 +543,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-freq", type=int, default=None, help="trainer.save_freq (default: --steps)")
     parser.add_argument("--questions", type=int, default=2, help="questions per step")
     parser.add_argument("--rollout-n", type=int, default=4, help="responses per DIVA prompt (GRPO: twice as many)")
+    parser.add_argument("--nodes", type=int, default=1, help="Ray nodes of the local cluster (trainer.nnodes)")
+    parser.add_argument("--gpus-per-node", type=int, default=1, help="logical GPUs (training ranks) per node")
+    parser.add_argument("--tp", type=int, default=1, help="rollout tensor parallel size (vLLM only)")
     parser.add_argument("--ray-init", action="store_true", help="the entry point starts Ray itself")
     parser.add_argument("--runtime-env-out", default=None, help="write the job's Ray runtime env (yaml) here")
     parser.add_argument(
@@ -487,17 +556,30 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--launcher-env-out", default=None, help="--rollout vllm: write the launcher's variables here")
     args = parser.parse_args(argv)
+    shape = ClusterShape(args.nodes, args.gpus_per_node, args.tp)
+    try:
+        shape.check(args.rollout)
+    except ValueError as err:
+        parser.error(str(err))
     paths = prepare(args.workdir)
     run_dir = os.path.abspath(args.run_dir or os.path.join(args.workdir, "run"))
     if args.rollout == "vllm":
         env = vllm_launcher_env(
-            paths, run_dir, method=args.method, steps=args.steps, questions=args.questions, rollout_n=args.rollout_n
+            paths,
+            run_dir,
+            method=args.method,
+            steps=args.steps,
+            questions=args.questions,
+            rollout_n=args.rollout_n,
+            shape=shape,
         )
         env["DIVA_GPU_LAUNCHER"] = launcher_for(args.method)
         if args.launcher_env_out:
             with open(args.launcher_env_out, "w") as f:
                 f.write("".join(f"{k}={v}\n" for k, v in env.items()))
-        lines = vllm_cpu_overrides(method=args.method, steps=args.steps, rollout_n=args.rollout_n)
+        lines = vllm_cpu_overrides(
+            method=args.method, steps=args.steps, questions=args.questions, rollout_n=args.rollout_n, shape=shape
+        )
     else:
         lines = None
     lines = lines or cpu_overrides(
@@ -510,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         rollout_n=args.rollout_n,
         experiment=f"tiny_cpu_{args.method}",
         ray_init=args.ray_init,
+        shape=shape,
     )
     if args.runtime_env_out:
         import yaml

@@ -7,7 +7,7 @@ impossible). This backend plugs into verl's public rollout registries with the t
 * :class:`HFCpuServer` (a Ray actor): holds a copy of the policy and answers the calls of verl's
   ``LLMServerClient`` / ``CheckpointEngineManager``: ``generate`` (token ids in, token ids and log-probs out),
   ``sleep`` / ``wake_up``, ``set_global_steps``, ``update_weights``, ...;
-* :class:`HFCpuReplica` (``RolloutReplicaRegistry``): launches one server per replica next to the hybrid
+* :class:`HFCpuReplica` (``RolloutReplicaRegistry``): launches one server per replica on the node of its hybrid
   actor workers;
 * :class:`HFCpuServerAdapter` (``_ROLLOUT_REGISTRY``): lives in the actor worker process; verl's
   ``update_weights`` hands it the trained weights, which it sends to the server.
@@ -250,7 +250,7 @@ class HFCpuServer:
 
 
 class HFCpuReplica(RolloutReplica):
-    """A replica of one :class:`HFCpuServer`, beside the hybrid actor workers (or standalone)."""
+    """A replica of one :class:`HFCpuServer`, on the node of its hybrid actor workers."""
 
     def rollout_worker_use_gpu(self) -> bool:
         return False
@@ -263,10 +263,12 @@ class HFCpuReplica(RolloutReplica):
                 f"hf_cpu serves verl's hybrid (colocated, synchronous) mode only, not {self.rollout_mode}; use "
                 "trainer.v1.trainer_mode=sync, diva_grpo or toolkit"
             )
-        here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=True)
+        # Beside the replica's first worker, on its node (as verl places its vLLM servers): the weights it is sent
+        # after each update come from that worker's process, and on a cluster the trainer's node holds no worker.
+        node = await self.workers[0].__ray_call__.remote(lambda worker: ray.get_runtime_context().get_node_id())
         server = HFCpuServer.options(
             name=_server_actor_name(self.replica_rank),
-            scheduling_strategy=here,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
             max_concurrency=self.max_concurrency,
         ).remote(self.config, self.model_config, self.replica_rank, self.rollout_mode)
         self.servers = [server]

@@ -1,0 +1,69 @@
+"""The nodes of a Ray cluster, read from its dashboard: ``python -m verl_ext.cluster.nodes wait --address URL
+--count N``.
+
+The launcher of the local cluster waits, after starting its nodes, until the cluster sees all of them alive before
+it submits: a job started earlier would find fewer GPUs than ``trainer.nnodes x n_gpus_per_node`` and wait for
+them, or place everything on the head.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def alive_nodes(address: str) -> list[dict]:
+    """``{node_id, name, ip, head, gpus}`` of each alive node of the cluster whose dashboard is ``address``."""
+    from ray.util.state import list_nodes
+
+    return [
+        {
+            "node_id": node.node_id,
+            "name": node.node_name,
+            "ip": node.node_ip,
+            "head": bool(node.is_head_node),
+            "gpus": int(node.resources_total.get("GPU", 0)),
+        }
+        for node in list_nodes(address=address, filters=[("state", "=", "ALIVE")], limit=10_000)
+    ]
+
+
+def wait_for_nodes(address: str, count: int, timeout_s: float) -> list[dict]:
+    """Poll until ``count`` nodes are alive; ``TimeoutError`` naming the ones seen otherwise."""
+    deadline = time.monotonic() + timeout_s
+    seen: list[dict] = []
+    while True:
+        try:
+            seen = alive_nodes(address)
+        except Exception:  # the dashboard answers a few seconds after the head starts
+            seen = []
+        if len(seen) >= count or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    if len(seen) < count:
+        names = ", ".join(n["name"] for n in seen) or "none"
+        raise TimeoutError(f"{len(seen)} of {count} Ray nodes alive after {timeout_s:.0f} s (alive: {names})")
+    return seen
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    wait = sub.add_parser("wait", help="wait until COUNT nodes are alive")
+    wait.add_argument("--address", required=True, help="the dashboard address, http://host:port")
+    wait.add_argument("--count", type=int, required=True)
+    wait.add_argument("--timeout", type=float, default=120.0, help="seconds (default 120)")
+    args = parser.parse_args(argv)
+    try:
+        nodes = wait_for_nodes(args.address, args.count, args.timeout)
+    except TimeoutError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    described = ", ".join(f"{n['name']} ({n['gpus']} GPU{', head' if n['head'] else ''})" for n in nodes)
+    print(f"[diva] {len(nodes)} Ray node(s) alive: {described}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
