@@ -125,7 +125,7 @@ class ToolkitTrainer(PPOTrainerSync):
         manager = getattr(self, "llm_server_manager", None)
         loop = getattr(self, "agent_loop_manager", None)
         return {
-            "training ranks": list(self.actor_rollout_wg.workers),
+            "training ranks": list(getattr(self.actor_rollout_wg, "workers", None) or []),
             "rollout replicas": [replica.servers[0] for replica in (manager.get_replicas() if manager else [])],
             "agent-loop workers": list(getattr(loop, "agent_loop_workers", None) or []),
             "reward workers": list(getattr(loop, "reward_loop_worker_handles", None) or []),
@@ -136,8 +136,11 @@ class ToolkitTrainer(PPOTrainerSync):
         a cluster that cannot answer is noted, never fatal."""
         from verl_ext.cluster.placement import placement, placement_lines
 
+        groups = self._placement_groups()
+        if not groups["training ranks"]:
+            return  # stand-in workers (the CPU preflight): no Ray actor to place
         try:
-            lines = placement_lines(placement(self._placement_groups()))
+            lines = placement_lines(placement(groups))
         except Exception as err:  # the state API needs the dashboard; a report is not worth a failed run
             lines = [f"[cluster] placement unavailable: {type(err).__name__}: {err}"]
         print("\n".join(lines), flush=True)

@@ -1,8 +1,11 @@
-"""The DIVA run the end-to-end tests share: one launch of ``run_scripts/tiny_cpu.sh`` on the ``hf_cpu`` rollout.
+"""The DIVA run the end-to-end tests share: one launch of ``run_scripts/tiny_cpu.sh`` on the ``hf_cpu`` rollout, on a
+cluster of two Ray nodes (``NODES=2``: two training ranks, two rollout replicas, a further node started as users start
+one), the shape every path of a multi-GPU run takes.
 
-It serves the training checks (``test_tiny_cpu_training_on_cpu.py``), is the uninterrupted reference the crash run is
-compared with (``test_crash_resume_on_cpu.py``) and shows what the local head listens on (``test_loopback_on_cpu.py``):
-one launch for all, started by whichever needs it first.
+It serves the training checks (``test_tiny_cpu_training_on_cpu.py``), the cluster checks (``test_cluster_on_cpu.py``),
+is the uninterrupted reference the crash run is compared with (``test_crash_resume_on_cpu.py``) and shows what both
+nodes listen on (``test_loopback_on_cpu.py``): one launch for all, started by whichever needs it first.
+:func:`tiny_diva_world1` is the same run's first steps at world size 1, to compare it with.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
-from tiny_launch import DIVA_RESUME_STEPS, DIVA_STEPS, ROOT, launch_tiny_cpu
+from tiny_launch import DIVA_NODES, DIVA_RESUME_STEPS, DIVA_STEPS, ROOT, launch_tiny_cpu, run_tiny_cpu
 
 
 def require_torchvision() -> None:
@@ -33,7 +36,14 @@ def tiny_diva_run(tmp_path_factory):
     run_dir = workdir / "run"
     sockets: set = set()
     output, summary = launch_tiny_cpu(
-        workdir, run_dir, 840, sockets, METHOD="diva", STEPS=str(DIVA_STEPS), RESUME_STEPS=str(DIVA_RESUME_STEPS)
+        workdir,
+        run_dir,
+        1200,
+        sockets,
+        METHOD="diva",
+        NODES=str(DIVA_NODES),
+        STEPS=str(DIVA_STEPS),
+        RESUME_STEPS=str(DIVA_RESUME_STEPS),
     )
     config = OmegaConf.load(ROOT / "recipe" / "diva_grpo" / "config" / "diva_grpo.yaml")
     records = {}
@@ -49,3 +59,19 @@ def tiny_diva_run(tmp_path_factory):
         "output": output,
         "sockets": sockets,
     }
+
+
+# Steps of the world-size-1 reference: the first is compared exactly, the second to float tolerance.
+WORLD1_STEPS = 2
+
+
+@pytest.fixture(scope="session")
+def tiny_diva_world1(tiny_diva_run):
+    """The shared run's settings and seed on one node, one rank, one replica, for its first WORLD1_STEPS steps (no
+    resume: the shared run's resume is compared with the crash run)."""
+    run_dir = tiny_diva_run["workdir"] / "world1"
+    returncode, output = run_tiny_cpu(
+        tiny_diva_run["workdir"], run_dir, 600, METHOD="diva", NODES="1", STEPS=str(WORLD1_STEPS), RESUME_STEPS="0"
+    )
+    assert returncode == 0, output[-8000:]
+    return {"dir": run_dir, "output": output}

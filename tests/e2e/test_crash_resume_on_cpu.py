@@ -1,5 +1,6 @@
 """A crash loses nothing: the DIVA run killed three times, restarted by the launcher, logs what the run that never
-stopped logs (``tests/e2e/conftest.py``'s ``tiny_diva_run``: 3 steps, then a resume for a 4th).
+stopped logs (``tests/e2e/conftest.py``'s ``tiny_diva_run``: 3 steps, then a resume for a 4th), both on the two-node
+cluster (two training ranks, two rollout replicas): a run stopped and resumed at world size 2 equals the straight one.
 
 One launch of ``run_scripts/tiny_cpu.sh`` with ``MAX_RESTARTS=4`` and four faults (:mod:`verl_ext.faults`), each a
 SIGKILL, each once:
@@ -28,7 +29,7 @@ import json
 import re
 
 import pytest
-from tiny_launch import DIVA_ALL_STEPS, DIVA_STEPS, run_tiny_cpu
+from tiny_launch import DIVA_ALL_STEPS, DIVA_NODES, DIVA_STEPS, run_tiny_cpu
 
 from verl_ext.cpu.same_run import metric_differences
 from verl_ext.difficulty.persistence import checkpoint_state_path, load_state
@@ -51,6 +52,7 @@ def crashed(tiny_diva_run):
         run_dir,
         1500,
         METHOD="diva",
+        NODES=str(DIVA_NODES),
         STEPS=str(len(DIVA_ALL_STEPS)),
         RESUME_STEPS="0",
         SAVE_FREQ="1",
@@ -85,11 +87,11 @@ def test_each_restart_resumed_from_the_last_complete_checkpoint(crashed):
 
 @pytest.mark.parametrize(
     ("fault", "attempt", "named"),
-    [("rollout_generate@2", 2, "rollout server 0 of replica 0"), ("agent_loop_run@4", 4, "agent-loop worker 0")],
+    [("rollout_generate@2", 2, r"rollout server 0 of replica \d"), ("agent_loop_run@4", 4, r"agent-loop worker \d")],
 )
 def test_a_dead_rollout_actor_fails_the_job_in_bounded_time_naming_it(crashed, fault, attempt, named):
     out = crashed["output"]
-    assert f"RolloutDiedError: waiting for the train rollouts, found dead: {named}: " in out
+    assert re.search(rf"RolloutDiedError: waiting for the train rollouts, found dead: {named}: ", out)
     killed = dt.datetime.fromtimestamp((crashed["faults"] / f"{fault}.fired").stat().st_mtime, dt.UTC)
     failed = dt.datetime.fromisoformat(re.search(rf"\[diva\] attempt {attempt} failed at (\S+)", out).group(1))
     assert 0 <= (failed - killed).total_seconds() < DEAD_ROLLOUT_BOUND_S

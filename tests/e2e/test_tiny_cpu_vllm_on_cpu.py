@@ -2,9 +2,11 @@
 loop and checkpoint-engine weight sync, configured by the GPU launcher (``ROLLOUT=vllm run_scripts/tiny_cpu.sh``).
 
 Runs in the GPU stack's environment (``run_scripts/setup_vllm_cpu.sh``; CI sets ``DIVA_REQUIRE_VLLM=1`` there, so
-a missing vLLM fails instead of skipping). One launch: two DIVA steps on the tiny Qwen2-VL with images and variants,
-a checkpoint each step, then a fresh trainer resumes for a third; the launcher's checks pass (finite non-zero loss and
-gradient, the exact log-prob check of :mod:`verl_ext.cpu.logprob_check`, difficulty state restored). The same run
+a missing vLLM fails instead of skipping). One launch on a cluster of two Ray nodes (two training ranks, a vLLM
+replica per node, weights synced to both): two DIVA steps on the tiny Qwen2-VL with images and variants, a checkpoint
+each step, then a fresh trainer resumes for a third; the launcher's checks pass (finite non-zero loss and gradient,
+the exact log-prob check of :mod:`verl_ext.cpu.logprob_check` over both replicas' rollouts, difficulty state
+restored). The same run
 then shows that the check sees a rollout one update behind, and the patch of vLLM's CPU linear layers is tested
 against vLLM's own dispatch.
 """
@@ -19,7 +21,9 @@ import pytest
 import torch
 from tiny_launch import launch_tiny_cpu, sockets_off_loopback
 
-STEPS, RESUME_STEPS = 2, 1
+from verl_ext.cluster.placement import parse_placement
+
+STEPS, RESUME_STEPS, NODES = 2, 1, 2
 
 pytestmark = [pytest.mark.gpu_stack, pytest.mark.timeout(1200)]
 
@@ -37,6 +41,7 @@ def run(tmp_path_factory, vllm_required):
         sockets,
         METHOD="diva",
         ROLLOUT="vllm",
+        NODES=str(NODES),
         STEPS=str(STEPS),
         RESUME_STEPS=str(RESUME_STEPS),
     )
@@ -57,6 +62,14 @@ def test_vllms_servers_and_the_head_listen_on_loopback_only(run):
     assert {"gcs_server", "raylet"} <= {s[2] for s in sockets}
     # The one exception, listed in the README: torch.distributed's store, which binds every interface.
     assert sockets_off_loopback(sockets) == []
+
+
+def test_one_vllm_replica_per_node_beside_its_rank(run):
+    report = parse_placement(run["output"])
+    ranks, replicas = report["groups"]["training ranks"], report["groups"]["rollout replicas"]
+    assert len(report["nodes"]) == NODES and len(set(ranks)) == NODES and replicas == ranks
+    assert set(report["groups"]["agent-loop workers"]) == set(report["nodes"])
+    assert report["trainer"]["gpus"] == []
 
 
 def test_trains_resumes_and_passes_the_runs_checks(run):

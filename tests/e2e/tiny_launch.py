@@ -12,11 +12,22 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# The shared DIVA run (tests/e2e/conftest.py, tiny_diva_run): trains STEPS steps, then resumes for RESUME_STEPS more.
-DIVA_STEPS, DIVA_RESUME_STEPS = 3, 1
+# The shared DIVA run (tests/e2e/conftest.py, tiny_diva_run): trains STEPS steps, then resumes for RESUME_STEPS more,
+# on a cluster of NODES Ray nodes (one training rank and one rollout replica each).
+DIVA_STEPS, DIVA_RESUME_STEPS, DIVA_NODES = 3, 1, 2
 DIVA_ALL_STEPS = list(range(1, DIVA_STEPS + DIVA_RESUME_STEPS + 1))
 # Settings of the calling process that would point the launch at another cluster, platform or folder.
-CLEARED = ("RAY_ADDRESS", "VERL_PLATFORM", "DIVA_CPU_PROBE_DIR", "VERL_FILE_LOGGER_ROOT", "DIVA_FAULTS", "MAX_RESTARTS")
+CLEARED = (
+    "RAY_ADDRESS",
+    "VERL_PLATFORM",
+    "DIVA_CPU_PROBE_DIR",
+    "VERL_FILE_LOGGER_ROOT",
+    "DIVA_FAULTS",
+    "MAX_RESTARTS",
+    "NODES",
+    "GPUS_PER_NODE",
+    "TP",
+)
 
 
 def run_tiny_cpu(

@@ -55,5 +55,9 @@ def read_metrics(path) -> list[dict]:
 
 
 def real_rows(update) -> list[int]:
-    """Indices of an update's rows that are not verl's synthetic padding rows."""
-    return [i for i, tag in enumerate(update["tags"]) if not tag.get("is_padding", False)]
+    """Indices of an update's rows that are not verl's synthetic padding rows, in key order: the order the toolkit's
+    advantage step hands them to the method, whatever order verl's balancing left (MUPO's k-means depends on it)."""
+    from verl_ext.rollout.replay_buffer import key_order
+
+    rows = [i for i, tag in enumerate(update["tags"]) if not tag.get("is_padding", False)]
+    return sorted(rows, key=lambda i: key_order(update["keys"][i]))

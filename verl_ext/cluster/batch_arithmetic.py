@@ -9,7 +9,8 @@ values that pass.
 
 For a step (FSDP, ``world = trainer.nnodes x trainer.n_gpus_per_node``, ``dp = world / ulysses_sp``)::
 
-    R  = data.train_batch_size x rollout.n                       responses (prompts x responses per prompt)
+    R  = data.train_batch_size x rollout.n                       responses (prompts x responses per prompt);
+                                                                 a multiple of world (verl's validate_config)
     Ma = actor.ppo_mini_batch_size x rollout.n                   responses per optimizer step, all ranks
     B' = ceil(R / lcm(dp, Ma)) x lcm(dp, Ma)                     after verl pads with no-op rows (_balance_batch)
     rows per rank = B' / dp, in every forward pass: old log-probs (and PGPO's blind pass over some of them, padded
@@ -150,6 +151,12 @@ def batch_plan(cfg) -> BatchPlan:
     prompts = _int(cfg, "data.train_batch_size")
     n = _int(cfg, f"{_AR}.rollout.n")
     responses = prompts * n
+    if responses % world and not bool(_get(cfg, f"{_AR}.actor.use_dynamic_bsz")):
+        step = world // math.gcd(world, n)
+        raise BatchArithmeticError(
+            f"data.train_batch_size x rollout.n = {prompts} x {n} = {responses} responses do not split over {world} "
+            f"GPUs (verl's validate_config asserts it); nearest data.train_batch_size: {_multiples_near(prompts, step)}"
+        )
     prompts_per_update = _int(cfg, f"{_AR}.actor.ppo_mini_batch_size")
     mini = prompts_per_update * n
     if mini % dp:
@@ -239,12 +246,20 @@ def _passes(cfg) -> bool:
     return all(p.divides for p in plan.passes)
 
 
+# Every key batch_plan reads (the settings of a step's arithmetic).
+READ_KEYS = (*VERL_DEFAULTS, "data.train_batch_size", f"{_AR}.rollout.n", f"{_AR}.actor.ppo_mini_batch_size")
+
+
 def _nodes_near(cfg, search: int = 64) -> str:
     """The nearest ``trainer.nnodes`` below and above the configured one whose whole plan passes."""
     nodes = _int(cfg, "trainer.nnodes")
+    # The step's settings alone: copying a whole composed config per trial costs ~0.1 s.
+    trial = OmegaConf.create({})
+    for key in READ_KEYS:
+        OmegaConf.update(trial, key, _get(cfg, key), force_add=True)
 
     def passing(value: int) -> bool:
-        trial = OmegaConf.merge(cfg, OmegaConf.from_dotlist([f"trainer.nnodes={value}"]))
+        trial.trainer.nnodes = value
         return _passes(trial)
 
     below = next((v for v in range(nodes - 1, 0, -1) if passing(v)), None)
