@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl_ext.nc_grpo.noise import noisy_count
+from verl_ext.nc_grpo.noise import FINAL_HIDDEN, LAYER_INPUT, TARGETS, noisy_count
 
 
 def check_group_flags(flags: Any, index: Any, noisy_fraction: float) -> None:
@@ -44,22 +44,32 @@ def half_metrics(scores: Any, flags: Any, accuracy: Any | None = None) -> dict[s
     return out
 
 
+def displaced_tokens(response_mask: torch.Tensor, flags: Any, target: str) -> torch.Tensor:
+    """``(R, T)`` bool: the response tokens sampled off the clean policy. ``final_hidden``: the first token of each
+    noisy response (only its distribution was displaced); ``layer_input``: every token of each noisy response (all of
+    them attend to the displaced keys and values)."""
+    mask = response_mask.bool()
+    flagged = torch.as_tensor(np.asarray(flags, dtype=bool)).reshape(-1, 1)
+    if target == FINAL_HIDDEN:
+        first = torch.zeros_like(mask)
+        first[:, :1] = True
+        return mask & first & flagged
+    if target == LAYER_INPUT:
+        return mask & flagged
+    raise ValueError(f"noise_contrastive_grpo.target={target!r}: not one of {TARGETS}")
+
+
 def rollout_gaps(
-    rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor, response_mask: torch.Tensor, flags: Any
+    rollout_log_probs: torch.Tensor, old_log_probs: torch.Tensor, response_mask: torch.Tensor, displaced: torch.Tensor
 ) -> dict[str, float]:
-    """Mean ``|rollout - actor|`` log-prob gap of the noisy responses' first tokens (``noisy_first_token``: sampled
-    from the displaced distribution, scored by the unperturbed actor) and of every other response token
-    (``other_tokens``: the same distribution on both sides, so weight-sync and rounding error only)."""
+    """Mean ``|rollout - actor|`` log-prob gap of the ``displaced`` tokens (:func:`displaced_tokens`: sampled from
+    the displaced policy, scored by the unperturbed actor: how far off-policy the noisy responses are;
+    ``displaced_tokens``) and of every other response token (``other_tokens``: the same distribution on both sides,
+    so weight-sync and rounding error only). A set without tokens is left out."""
     gap = (rollout_log_probs.double() - old_log_probs.double()).abs()
-    mask = response_mask.bool().clone()
-    first = torch.zeros_like(mask)
-    flagged = torch.as_tensor(np.asarray(flags, dtype=bool))
-    has_token = mask[:, 0] if mask.shape[1] else torch.zeros(len(mask), dtype=torch.bool)
-    first[:, 0] = flagged & has_token
-    mask &= ~first
+    mask = response_mask.bool()
     out = {}
-    if bool(first.any()):
-        out["noisy_first_token"] = float(gap[first].mean())
-    if bool(mask.any()):
-        out["other_tokens"] = float(gap[mask].mean())
+    for name, part in (("displaced_tokens", mask & displaced), ("other_tokens", mask & ~displaced)):
+        if bool(part.any()):
+            out[name] = float(gap[part].mean())
     return out

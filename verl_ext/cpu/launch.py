@@ -458,16 +458,18 @@ def vllm_launcher_env(
 def vllm_engine_overrides(method: str = "diva") -> list[str]:
     """What vLLM's CPU build needs of verl's vLLM rollout (see :data:`VLLM_CPU_CHANGES`); the rollout name is
     verl's default, ``vllm``. NC-GRPO's launcher names its own worker extension (its ``WORKER_EXTENSION``, which
-    :func:`vllm_launcher_env` sets to the CPU variant), so none is added for it here."""
+    :func:`vllm_launcher_env` sets to the CPU variant), so none is added for it here, and sets
+    ``enforce_eager=true`` itself (its noise is a hook in the model's forward), so that is not added either."""
     extension = vllm_worker_extension(method)
     own = (
         []
         if extension != VLLM_WORKER_EXTENSION
         else [f"+actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls={extension}"]
     )
+    eager = [] if method == "noise_contrastive_grpo" else ["actor_rollout_ref.rollout.enforce_eager=true"]
     return [
         "actor_rollout_ref.rollout.dtype=float32",
-        "actor_rollout_ref.rollout.enforce_eager=true",
+        *eager,
         "+actor_rollout_ref.rollout.enable_sleep_mode=false",
         "actor_rollout_ref.rollout.free_cache_engine=false",
         "actor_rollout_ref.rollout.max_num_seqs=16",

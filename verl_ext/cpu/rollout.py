@@ -88,8 +88,10 @@ class HFCpuServer:
         self.max_model_len = self.config.max_model_len or (self.config.prompt_length + self.config.response_length)
         # Model weights version, an integer as verl's metrics expect; set by the adapter after each sync.
         self.global_steps = 0
-        # NC-GRPO's applied displacements, the last NOISE_RECORDS (tests compare them with vLLM's).
+        # NC-GRPO's applied displacements, the last NOISE_RECORDS (tests compare them with vLLM's, with the tensors:
+        # nc_grpo_keep_tensors).
         self.nc_grpo_applied: list[dict] = []
+        self.nc_grpo_keep_tensors = False
         self._lock = threading.Lock()
         self._generation_allowed = asyncio.Event()
         self._generation_allowed.set()
@@ -145,11 +147,19 @@ class HFCpuServer:
         seed = sampling_params.get("seed")
         # A seeded request draws from its own stream (as vLLM's per-request generator): fork_rng restores the
         # process's stream afterwards, so an unseeded request's draws do not depend on the seeded ones.
-        # NC-GRPO: a flagged request's prefill sees the displaced final hidden state (verl_ext/nc_grpo/hf_hook.py).
+        # NC-GRPO: a flagged request's prefill displaces its prompt (verl_ext/nc_grpo/hf_hook.py): a decoder layer's
+        # input at every prompt position (whose keys and values decoding then attends to), or the final hidden state.
         noise = request_noise(sampling_params)
         with (
             torch.random.fork_rng(devices=[], enabled=seed is not None),
-            prefill_noise(self.model, noise, request_id, self.nc_grpo_applied),
+            prefill_noise(
+                self.model,
+                noise,
+                len(prompt_ids),
+                request_id=request_id,
+                records=self.nc_grpo_applied,
+                keep_tensors=self.nc_grpo_keep_tensors,
+            ),
         ):
             if seed is not None:
                 torch.manual_seed(int(seed))

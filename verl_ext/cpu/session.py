@@ -93,8 +93,9 @@ def _read_metrics(config: DictConfig, experiment: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-# A method whose rollout departs from the policy on some tokens on purpose (NC-GRPO's noisy first tokens) logs the
-# rollout-vs-actor gap of the other tokens as <its metric prefix>/OWN_GAP_METRIC; verl's metric averages in all tokens.
+# A method whose rollout departs from the policy on some tokens on purpose (NC-GRPO's displaced tokens: every token
+# of a noisy response, or its first under target=final_hidden) logs the rollout-vs-actor gap of the other tokens as
+# <its metric prefix>/OWN_GAP_METRIC; verl's metric averages in all tokens.
 OWN_GAP_METRIC = "rollout_logprob_gap/other_tokens"
 
 
@@ -185,6 +186,7 @@ def exact_logprob_check(config: DictConfig, probe_dir: str | None) -> dict:
             weights_by_step(model, [config.trainer.default_local_dir]),
             model,
             float(config.actor_rollout_ref.rollout.temperature),
+            noise=nc_grpo_noise(config),
         )
     except LogprobCheckError as e:
         raise CpuRunError(str(e)) from e
@@ -193,7 +195,22 @@ def exact_logprob_check(config: DictConfig, probe_dir: str | None) -> dict:
         "rollout_gap_mean": max(g.rollout_mean for g in gaps),
         "rollout_gap_max": max(g.rollout_max for g in gaps),
         "actor_gap_mean": max(g.actor_mean for g in gaps),
+        "displaced_tokens": [g.displaced_tokens for g in gaps],
+        "displaced_gap_mean": [g.displaced_gap_mean for g in gaps],
     }
+
+
+def nc_grpo_noise(config: DictConfig) -> dict | None:
+    """NC-GRPO's noise knobs for the exact check (its noisy samples are recomputed displaced), ``None`` for any other
+    method."""
+    from verl_ext.methods.noise_contrastive_grpo import NAME
+
+    if config.algorithm.adv_estimator != NAME:
+        return None
+    from verl_ext.nc_grpo.agent_loop import method_config
+
+    knobs = method_config(config)
+    return {"scale": float(knobs.noise_scale), "target": knobs.target, "layer": int(knobs.layer)}
 
 
 def format_summary(summary: dict) -> str:

@@ -1,14 +1,16 @@
-"""NC-GRPO (``noise_contrastive_grpo``): latent noise at the branch point for a seeded part of each group.
+"""NC-GRPO (``noise_contrastive_grpo``): latent noise on the prompt for a seeded part of each group.
 
-The method changes only the rollouts (METHODS.md section 6; README, NC-GRPO). For a flagged request, the final
-hidden state at the prompt's last position (after the last decoder layer and its norm, the LM head's input) is
-displaced once, in the prefill pass: ``h~ = h + c * (||h|| / sqrt(d)) * xi``, ``xi ~ N(0, I)`` from a seed of
-(run seed, step, prompt uid, response index). Only the first generated token's distribution moves; the KV cache
-and every later decoding step are the unperturbed model's.
+The method changes only the rollouts (METHODS.md section 6; docs/algo/noise_contrastive_grpo.md). For a flagged
+request the prompt is displaced once, in the prefill pass: ``h~_p = h_p + c * (||h_p|| / sqrt(d)) * xi_p``, ``xi_p ~
+N(0, I)`` from a seed of (run seed, step, prompt uid, response index). By default (``target=layer_input``) ``h_p`` is
+the residual stream entering the last decoder layer at every prompt position: that layer's keys and values of the
+prompt are displaced, and every decoding step attends to them. ``target=final_hidden`` displaces the final hidden
+state at the prompt's last position only, which moves only the first generated token's distribution.
 
-Modules: :mod:`.noise` (flags, seeds, the noise vector and the displacement: the same code in both backends),
-:mod:`.agent_loop` (the registered agent loop that flags requests and carries the flag to the trainer),
-:mod:`.hf_hook` (the ``hf_cpu`` server's prefill hook), :mod:`.vllm_noise` (vLLM's worker extension) and
-:mod:`.runner_hook` (what it installs on vLLM's model runner). The
-advantage is verl's GRPO over the whole group (:mod:`verl_ext.methods.noise_contrastive_grpo`).
+Modules: :mod:`.noise` (flags, seeds, the noise draws and the displacement: the same code in both backends),
+:mod:`.agent_loop` (the registered agent loop that flags requests, sends each noisy one with its clean twin and carries
+the flag and the first difference to the trainer), :mod:`.branching` (the branch metrics), :mod:`.hf_hook` (the
+``hf_cpu`` server's and the exact log-prob check's prefill hook), :mod:`.vllm_noise` (vLLM's worker extension) and
+:mod:`.runner_hook` (what it installs on vLLM's model runner). The advantage is verl's GRPO over the whole group
+(:mod:`verl_ext.methods.noise_contrastive_grpo`).
 """

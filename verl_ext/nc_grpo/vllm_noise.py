@@ -1,26 +1,26 @@
-"""NC-GRPO in verl's vLLM rollout: a worker extension that displaces the prefill's final hidden state.
+"""NC-GRPO in verl's vLLM rollout: a worker extension that displaces flagged requests' prompts in the prefill.
 
 vLLM builds its worker with the extension class named in ``worker_extension_cls`` (verl's
 ``vLLMColocateWorkerExtension`` by default; ``actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls``
 replaces it, since verl spreads ``engine_kwargs`` after its own arguments). :class:`NoiseWorkerExtension` is verl's
-class plus, once the worker has loaded its model, two wrappers on that worker's V1 model runner (instance
-attributes, nothing of vLLM's files or classes is changed; :mod:`verl_ext.nc_grpo.runner_hook`):
+class plus, once the worker has loaded its model, the hooks of :mod:`verl_ext.nc_grpo.runner_hook` on that worker's
+V1 model runner (instance attributes and forward pre-hooks on its own modules; nothing of vLLM's files or classes is
+changed):
 
-* ``runner.execute_model``: keeps the step's ``SchedulerOutput`` while the step runs;
-* ``runner.model.compute_logits``: its input is ``hidden_states[logits_indices]``, the final hidden states (after
-  the last decoder layer and its norm) at the last scheduled position of each request of the persistent batch, in
-  ``runner.input_batch.req_ids`` order (vLLM 0.24's ``logits_indices = query_start_loc[1:] - 1`` without
-  speculative decoding). A row is displaced when its request carries :data:`~verl_ext.nc_grpo.noise.NOISE_KEY` in
-  ``sampling_params.extra_args`` and this step's chunk ends at the prompt's last token
-  (``num_computed_tokens < num_prompt_tokens == num_computed_tokens + num_scheduled_tokens``): the prefill step
-  whose sample is the first generated token. Decode steps, and the KV cache (written inside the decoder layers),
-  are untouched.
+* ``layer_input`` (the default reading): a pre-hook on each decoder layer displaces the residual stream entering
+  it at the rows of flagged requests' prompt positions in this step (whole prompts, chunks of a chunked prefill,
+  a preempted request's recomputed prompt), so that layer's keys and values of the prompt are the displaced ones.
+  Python inside the model's forward: it needs an eager model (``actor_rollout_ref.rollout.enforce_eager=true``);
+  on a compiled runner the hooks are not installed and a ``layer_input`` request fails its step, naming the key.
+* ``final_hidden``: ``runner.model.compute_logits`` displaces the final hidden state of the request's last prompt
+  token in the step whose chunk ends there (eager in vLLM, outside the compiled model and CUDA graphs).
 
-``compute_logits`` runs outside vLLM's compiled model and CUDA graphs (the runner calls it eagerly on the sampled
-rows), so the same code serves GPUs; the noise vector is drawn on the CPU (:func:`verl_ext.nc_grpo.noise.noise_vector`)
-and moved to the device. :class:`CpuNoiseWorkerExtension` adds the CPU build's ``keep_cpu_linear_weights`` patch
-(:mod:`verl_ext.cpu.vllm_worker`). Refused: vLLM's V2 model runner (another batch layout: set
-``VLLM_USE_V2_MODEL_RUNNER=0``) and speculative decoding (more than one logits row per request).
+A request is flagged by :data:`~verl_ext.nc_grpo.noise.NOISE_KEY` in ``sampling_params.extra_args``. The noise is
+drawn on the CPU from the request's seed (:func:`verl_ext.nc_grpo.noise.noise_rows`) and moved to the device: every
+tensor-parallel rank adds the same numbers to its replicated hidden states. :class:`CpuNoiseWorkerExtension` adds
+the CPU build's ``keep_cpu_linear_weights`` patch (:mod:`verl_ext.cpu.vllm_worker`). Refused: vLLM's V2 model
+runner (another batch layout: set ``VLLM_USE_V2_MODEL_RUNNER=0``) and speculative decoding (more than one logits row
+per request).
 """
 
 from __future__ import annotations
@@ -47,6 +47,10 @@ class NoiseWorkerExtension(vLLMColocateWorkerExtension):
         # An instance attribute: vLLM's collective_rpc("load_model") finds it before the class's method.
         instance.load_model = load_model_then_install
         return instance
+
+    def nc_grpo_keep_tensors(self, keep: bool = True) -> None:
+        """Keep the displaced rows and displacements in the records (tests; a 7B prompt's rows are tens of MB)."""
+        self.model_runner.nc_grpo_keep_tensors = bool(keep)
 
     def nc_grpo_applied_noise(self) -> list[dict]:
         """The recent displacements (:func:`verl_ext.nc_grpo.noise.applied_record`), oldest first, their vectors as
