@@ -125,32 +125,60 @@ if [ -z "${RAY_ADDRESS:-}" ]; then
   # raylet, object store and logical GPUs, on 127.0.0.1 like the head (verl_ext/cluster/local_node.py says which Ray
   # refusal it lifts for that). Its agents' ports are drawn like the head's, and it has its own temp folder, as a
   # node of a real cluster has its own disk (in the head's, both nodes' log monitors would send each line twice).
+  # LOCAL_NODE_PRIVATE_DIR=<folder> (tests of the storage check): the further nodes get a disk of their own there,
+  # an empty tmpfs over the folder in a mount namespace of theirs, as a cluster node whose CKPT_DIR is local storage.
+  PRIVATE=()
+  if [ -n "${LOCAL_NODE_PRIVATE_DIR:-}" ]; then
+    PRIVATE=(unshare --mount --propagation private sh -c 'mount -t tmpfs none "$0" && exec "$@"'
+      "$LOCAL_NODE_PRIVATE_DIR")
+  fi
   start_local_node() {
     local index=$1
-    python -m verl_ext.cluster.local_node --address="127.0.0.1:$GCS_PORT" --block --node-ip-address=127.0.0.1 \
+    "${PRIVATE[@]}" python -m verl_ext.cluster.local_node --address="127.0.0.1:$GCS_PORT" --block \
+      --node-ip-address=127.0.0.1 \
       --node-name="node-$index" "${NODE_ARGS[@]}" --dashboard-agent-listen-port="$(free_port)" \
       --dashboard-agent-grpc-port="$(free_port)" --metrics-export-port="$(free_port)" \
       --runtime-env-agent-port="$(free_port)" --temp-dir="$RAY_TMP/node-$index" --disable-usage-stats \
       >>"$RAY_TMP/node-$index.log" 2>&1 &
     NODE_PIDS[index]=$!
   }
-  if [ "$LOCAL_NODES" -gt 1 ]; then
-    for ((i = 1; i < LOCAL_NODES; i++)); do start_local_node "$i"; done
-    python -m verl_ext.cluster.nodes wait --address "$RAY_ADDRESS" --count "$LOCAL_NODES" --timeout 120 || {
+  wait_for_local_nodes() {
+    python -m verl_ext.cluster.nodes wait --address "$RAY_ADDRESS" --count "$LOCAL_NODES" --exact --timeout 180 || {
       echo "error: the local cluster's nodes did not come up; see $RAY_TMP/node-*.log" >&2
       exit 1
     }
+  }
+  if [ "$LOCAL_NODES" -gt 1 ]; then
+    for ((i = 1; i < LOCAL_NODES; i++)); do start_local_node "$i"; done
+    wait_for_local_nodes
   fi
 fi
+
+# Before a resubmission, the launcher acts as a cluster manager for the nodes it started: one that died (its
+# processes killed from outside, by anything) is started again, so the job finds the cluster it was sized for.
+ensure_local_nodes() {
+  local i restarted=0
+  for ((i = 1; i < ${#NODE_PIDS[@]} + 1; i++)); do
+    [ -n "${NODE_PIDS[i]:-}" ] || continue
+    if ! kill -0 "${NODE_PIDS[i]}" 2>/dev/null; then
+      wait "${NODE_PIDS[i]}" 2>/dev/null || true
+      echo "[diva] node-$i of the local cluster died (pid ${NODE_PIDS[i]}); starting it again before the resubmission"
+      start_local_node "$i"
+      restarted=1
+    fi
+  done
+  if [ "$restarted" = 1 ]; then wait_for_local_nodes; fi
+}
 
 JOB_ARGS=("$@")
 attempt=1
 while :; do
+  if [ "$attempt" -gt 1 ]; then ensure_local_nodes; fi
   echo "[diva] submitting (attempt $attempt of at most $((MAX_RESTARTS + 1))) to $RAY_ADDRESS: python -m recipe.diva_grpo.main_diva ${JOB_ARGS[*]}"
   status=0
   python -m recipe.diva_grpo.submit --address "$RAY_ADDRESS" \
     --runtime-env "${DIVA_RUNTIME_ENV:-recipe/diva_grpo/runtime_env.yaml}" \
-    -- python -m recipe.diva_grpo.main_diva "${JOB_ARGS[@]}" || status=$?
+    -- python -m recipe.diva_grpo.main_diva "${JOB_ARGS[@]}" "launch.attempt=$attempt" || status=$?
   if [ "$status" -eq 0 ]; then
     [ "$attempt" -gt 1 ] && echo "[diva] attempt $attempt finished the job after $((attempt - 1)) restart(s)"
     break

@@ -19,6 +19,11 @@ Points (where the kill leaves the run):
 
 SIGKILL, not an exception: nothing of the dying process (``finally`` blocks, atexit, Ray's clean-up) runs, as
 when a node is preempted or the kernel's OOM killer strikes.
+
+``<point>@<step>:<node>`` loses a node of the launcher's local cluster instead (``run_scripts/_submit.sh``, e.g.
+``node-1``): the process that reaches the point SIGKILLs that node's whole process tree (its ``ray start`` launcher,
+raylet, object store and every worker on it) and goes on, as when a machine of a cluster is preempted; the
+launcher then starts the node again before it resubmits the job.
 """
 
 from __future__ import annotations
@@ -31,15 +36,17 @@ FAULT_DIR_ENV = "DIVA_FAULT_DIR"
 POINTS = ("after_difficulty_update", "checkpoint_save", "rollout_generate", "agent_loop_run")
 
 
-def armed_faults(spec: str | None = None) -> set[tuple[str, int]]:
-    """The ``(point, step)`` pairs of ``spec`` (default: ``$DIVA_FAULTS``); ValueError naming a malformed entry."""
+def armed_faults(spec: str | None = None) -> dict[tuple[str, int], str | None]:
+    """``{(point, step): node}`` of ``spec`` (default: ``$DIVA_FAULTS``; ``node`` ``None``: the process itself);
+    ValueError naming a malformed entry."""
     spec = os.environ.get(FAULTS_ENV, "") if spec is None else spec
-    faults = set()
+    faults = {}
     for entry in filter(None, (part.strip() for part in spec.split(","))):
-        point, _, step = entry.partition("@")
-        if point not in POINTS or not step.isdigit():
-            raise ValueError(f"{FAULTS_ENV}: {entry!r} is not <point>@<step> with a point of {POINTS}")
-        faults.add((point, int(step)))
+        place, colon, node = entry.partition(":")
+        point, _, step = place.partition("@")
+        if point not in POINTS or not step.isdigit() or (colon and not node):
+            raise ValueError(f"{FAULTS_ENV}: {entry!r} is not <point>@<step>[:<node>] with a point of {POINTS}")
+        faults[(point, int(step))] = node or None
     return faults
 
 
@@ -50,17 +57,57 @@ def _mark(point: str, step: int) -> str:
     return os.path.join(folder, f"{point}@{step}.fired")
 
 
+def local_node_processes(node: str) -> list[int]:
+    """Pids of the local cluster's node named ``node``: its ``verl_ext.cluster.local_node`` launcher and all its
+    descendants (raylet, object store, workers), from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    roots = []
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                parent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(parent, []).append(int(name))
+        if b"verl_ext.cluster.local_node" in cmd and f"--node-name={node}".encode() in cmd:
+            roots.append(int(name))
+    tree, stack = set(roots), list(roots)
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in tree:
+                tree.add(child)
+                stack.append(child)
+    return sorted(tree)
+
+
 def inject(point: str, step: int) -> None:
-    """SIGKILL this process if ``point@step`` is armed and has not fired in this run (its mark is written first)."""
-    if not os.environ.get(FAULTS_ENV) or (point, int(step)) not in armed_faults():
+    """SIGKILL this process (or lose the named node) if ``point@step`` is armed and has not fired in this run (its
+    mark is written first)."""
+    if not os.environ.get(FAULTS_ENV):
         return
+    armed = armed_faults()
+    if (point, int(step)) not in armed:
+        return
+    node = armed[(point, int(step))]
     mark = _mark(point, int(step))
     try:
         fd = os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # atomic: one process fires it
     except FileExistsError:
         return
-    os.write(fd, f"pid {os.getpid()}\n".encode())
+    victims = local_node_processes(node) if node else [os.getpid()]
+    os.write(fd, f"pid {os.getpid()} kills {node or 'itself'}: {victims}\n".encode())
     os.fsync(fd)
     os.close(fd)
-    print(f"[fault] {point}@{step}: killing pid {os.getpid()} (SIGKILL)", flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
+    if node is None:
+        print(f"[fault] {point}@{step}: killing pid {os.getpid()} (SIGKILL)", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if not victims:
+        raise RuntimeError(f"{FAULTS_ENV}: {point}@{step}:{node}: no process of a local node named {node!r}")
+    print(f"[fault] {point}@{step}: losing {node} (SIGKILL to its {len(victims)} processes)", flush=True)
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

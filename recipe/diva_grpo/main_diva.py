@@ -22,6 +22,7 @@ from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 
 from verl_ext.cluster.batch_arithmetic import check_batch_arithmetic
+from verl_ext.cluster.storage import check_resume, check_shared_folder
 from verl_ext.cpu import cpu_mode_requested
 from verl_ext.cpu.probe import PROBE_ENV, install_probe
 from verl_ext.cpu.session import format_summary, pop_cpu_run_block, train_then_resume
@@ -51,7 +52,28 @@ class DivaTaskRunner(TaskRunnerV1.__ray_actor_class__):
         probe_dir = os.environ.get(PROBE_ENV)
         if probe_dir:
             install_probe(config.trainer.v1.trainer_mode, probe_dir)
+        check_checkpoint_folder(config)
         return super().run(config)
+
+
+def check_checkpoint_folder(config: DictConfig) -> None:
+    """A run that saves or resumes: its checkpoint folder is one folder on every node, and a resume that was asked
+    for finds what this run saved (:mod:`verl_ext.cluster.storage`); prints what the run starts from."""
+    trainer = config.trainer
+    if trainer.get("save_freq", -1) <= 0 and trainer.get("resume_mode", "auto") == "disable":
+        return
+    folder = os.path.abspath(trainer.default_local_dir)
+    nodes = check_shared_folder(folder)
+    print(f"[diva] checkpoint folder {folder}: the same on all {len(nodes)} node(s)", flush=True)
+    attempt = int((config.get("launch") or {}).get("attempt", 1))
+    start = check_resume(
+        folder,
+        str(trainer.get("resume_mode", "auto")),
+        str(trainer.experiment_name),
+        restart=attempt > 1,
+        resume_path=trainer.get("resume_from_path"),
+    )
+    print(f"[diva] {start}", flush=True)
 
 
 def require_gpus() -> None:

@@ -36,6 +36,8 @@ from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
 from verl.workers.utils.padding import response_to_nested
 
 from verl_ext import faults
+from verl_ext.cluster.node_watch import NodeWatch
+from verl_ext.cluster.storage import RunRecord
 from verl_ext.methods import AdvantageInputs, AdvantageResult, get_method
 from verl_ext.methods.base import TENSOR_NEEDS
 from verl_ext.plugin import check_registered
@@ -140,10 +142,15 @@ class ToolkitTrainer(PPOTrainerSync):
         if not groups["training ranks"]:
             return  # stand-in workers (the CPU preflight): no Ray actor to place
         try:
-            lines = placement_lines(placement(groups))
+            report = placement(groups)
         except Exception as err:  # the state API needs the dashboard; a report is not worth a failed run
-            lines = [f"[cluster] placement unavailable: {type(err).__name__}: {err}"]
-        print("\n".join(lines), flush=True)
+            print(f"[cluster] placement unavailable: {type(err).__name__}: {err}", flush=True)
+            return
+        print("\n".join(placement_lines(report)), flush=True)
+        self.placement_report = report
+        # A lost node fails the job in bounded time, naming it and what ran there (verl_ext/cluster/node_watch.py).
+        self.node_watch = NodeWatch(report)
+        self.node_watch.start()
 
     def _rollout_actors(self) -> list[tuple[str, object]]:
         """The actors a step's rollouts need: rollout servers, agent-loop workers, reward workers (once started)."""
@@ -155,6 +162,14 @@ class ToolkitTrainer(PPOTrainerSync):
         actors += [(f"agent-loop worker {i}", w) for i, w in enumerate(getattr(loop, "agent_loop_workers", None) or [])]
         rewards = getattr(loop, "reward_loop_worker_handles", None) or []
         actors += [(f"reward worker {i}", worker) for i, worker in enumerate(rewards)]
+        # With a placement report, each actor is named with its node: a dead one on a lost node says which node.
+        report = getattr(self, "placement_report", None)
+        if report is not None:
+            node_of = {actor: report["nodes"][node]["name"] for actor, node in report["actors"].items() if node}
+            actors = [
+                (f"{name} on {node_of[handle._actor_id.hex()]}" if handle._actor_id.hex() in node_of else name, handle)
+                for name, handle in actors
+            ]
         return actors
 
     # ------------------------------------------------------------------ advantage
@@ -359,6 +374,8 @@ class ToolkitTrainer(PPOTrainerSync):
             save_state(self.batch_planner.state_dict(), self._planner_state_path(self._step_folder()))
         faults.inject("checkpoint_save", self.global_steps)
         super()._save_checkpoint()
+        # After verl marked the step the latest: the run's record of what it saved (verl_ext/cluster/storage.py).
+        RunRecord(self.config.trainer.default_local_dir).saved(self.global_steps)
 
     def _load_checkpoint(self):
         super()._load_checkpoint()

@@ -91,7 +91,7 @@ def test_each_restart_resumed_from_the_last_complete_checkpoint(crashed):
 )
 def test_a_dead_rollout_actor_fails_the_job_in_bounded_time_naming_it(crashed, fault, attempt, named):
     out = crashed["output"]
-    assert re.search(rf"RolloutDiedError: waiting for the train rollouts, found dead: {named}: ", out)
+    assert re.search(rf"RolloutDiedError: waiting for the train rollouts, found dead: {named}( on \S+)?: ", out)
     killed = dt.datetime.fromtimestamp((crashed["faults"] / f"{fault}.fired").stat().st_mtime, dt.UTC)
     failed = dt.datetime.fromisoformat(re.search(rf"\[diva\] attempt {attempt} failed at (\S+)", out).group(1))
     assert 0 <= (failed - killed).total_seconds() < DEAD_ROLLOUT_BOUND_S

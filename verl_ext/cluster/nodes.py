@@ -29,21 +29,29 @@ def alive_nodes(address: str) -> list[dict]:
     ]
 
 
-def wait_for_nodes(address: str, count: int, timeout_s: float) -> list[dict]:
-    """Poll until ``count`` nodes are alive; ``TimeoutError`` naming the ones seen otherwise."""
+def wait_for_nodes(address: str, count: int, timeout_s: float, exact: bool = False) -> list[dict]:
+    """Poll until ``count`` nodes are alive (``exact``: exactly ``count``, e.g. a node started again while Ray still
+    counts its dead predecessor as alive for a few seconds); ``TimeoutError`` naming the ones seen otherwise."""
     deadline = time.monotonic() + timeout_s
     seen: list[dict] = []
+
+    def done() -> bool:
+        return len(seen) == count if exact else len(seen) >= count
+
     while True:
         try:
             seen = alive_nodes(address)
         except Exception:  # the dashboard answers a few seconds after the head starts
             seen = []
-        if len(seen) >= count or time.monotonic() > deadline:
+        if done() or time.monotonic() > deadline:
             break
         time.sleep(1.0)
-    if len(seen) < count:
+    if not done():
         names = ", ".join(n["name"] for n in seen) or "none"
-        raise TimeoutError(f"{len(seen)} of {count} Ray nodes alive after {timeout_s:.0f} s (alive: {names})")
+        raise TimeoutError(
+            f"{len(seen)} Ray nodes alive after {timeout_s:.0f} s, {'exactly ' if exact else ''}{count} wanted "
+            f"(alive: {names})"
+        )
     return seen
 
 
@@ -53,10 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     wait = sub.add_parser("wait", help="wait until COUNT nodes are alive")
     wait.add_argument("--address", required=True, help="the dashboard address, http://host:port")
     wait.add_argument("--count", type=int, required=True)
+    wait.add_argument("--exact", action="store_true", help="wait for exactly COUNT alive nodes")
     wait.add_argument("--timeout", type=float, default=120.0, help="seconds (default 120)")
     args = parser.parse_args(argv)
     try:
-        nodes = wait_for_nodes(args.address, args.count, args.timeout)
+        nodes = wait_for_nodes(args.address, args.count, args.timeout, exact=args.exact)
     except TimeoutError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -19,8 +19,9 @@ def _actor_id(handle) -> str:
 
 
 def placement(groups: dict[str, list]) -> dict:
-    """``{"nodes": {node_id: {name, ip, head, gpus}}, "trainer": {node, gpus}, "groups": {group: [node_id, ...]}}``
-    for the actor handles of each group (an actor Ray does not list, e.g. one that died, gets ``None``)."""
+    """``{"nodes": {node_id: {name, ip, head, gpus}}, "trainer": {node, gpus}, "groups": {group: [node_id, ...]},
+    "actors": {actor_id: node_id}}`` for the actor handles of each group (an actor Ray does not list, e.g. one that
+    died, gets ``None``)."""
     import ray
     from ray.util.state import list_actors, list_nodes
 
@@ -46,6 +47,7 @@ def placement(groups: dict[str, list]) -> dict:
         "nodes": nodes,
         "trainer": {"node": context.get_node_id(), "gpus": list(context.get_accelerator_ids().get("GPU", []))},
         "groups": {name: [where.get(_actor_id(h)) for h in handles] for name, handles in groups.items()},
+        "actors": where,
     }
 
 
