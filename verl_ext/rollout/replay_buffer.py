@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 
 import transfer_queue as tq
@@ -72,9 +73,11 @@ class OrderedReplayBuffer(ReplayBuffer):
             # say why, when an actor of the rollout is dead (a dead server fails every request it had).
             self._raise_if_dead(partition_id, cause=error)
             raise
-        if len({key_order(key)[0] for key in batch.keys}) < batch_size:
-            # Fewer groups than asked for: verl drops failed validation groups (and _validate then fails on an empty
-            # batch, naming no cause); say whether a rollout actor died.
+        sizes = Counter(key_order(key)[0] for key in batch.keys)
+        if len(sizes) < batch_size or len(set(sizes.values())) > 1:
+            # Fewer groups than asked for (verl drops failed validation groups, and _validate then fails on an empty
+            # batch, naming no cause), or groups that lost responses (a dead server of one replica fails its share of
+            # each step's requests while the other replicas serve theirs): say whether a rollout actor died.
             self._raise_if_dead(partition_id)
         places = [key_order(key) for key in batch.keys]
         if batch.keys and not all(is_run_uid(uid) for uid, _, _ in places):
