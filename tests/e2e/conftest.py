@@ -3,9 +3,10 @@ cluster of two Ray nodes (``NODES=2``: two training ranks, two rollout replicas,
 one), the shape every path of a multi-GPU run takes.
 
 It serves the training checks (``test_tiny_cpu_training_on_cpu.py``), the cluster checks (``test_cluster_on_cpu.py``),
-is the uninterrupted reference the crash run is compared with (``test_crash_resume_on_cpu.py``) and shows what both
-nodes listen on (``test_loopback_on_cpu.py``): one launch for all, started by whichever needs it first.
-:func:`tiny_diva_world1` is the same run's first steps at world size 1, to compare it with.
+is the uninterrupted reference of the lost-node run (``test_cluster_faults_on_cpu.py``) and shows what both nodes
+listen on (``test_loopback_on_cpu.py``): one launch for all, started by whichever needs it first.
+:func:`tiny_diva_world1` is the same run at world size 1: the reference it is compared with, and the uninterrupted
+run of the one-node crash test (``test_crash_resume_on_cpu.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
-from tiny_launch import DIVA_NODES, DIVA_RESUME_STEPS, DIVA_STEPS, ROOT, launch_tiny_cpu, run_tiny_cpu
+from tiny_launch import DIVA_NODES, DIVA_RESUME_STEPS, DIVA_STEPS, ROOT, launch_tiny_cpu
 
 
 def require_torchvision() -> None:
@@ -61,17 +62,18 @@ def tiny_diva_run(tmp_path_factory):
     }
 
 
-# Steps of the world-size-1 reference: the first is compared exactly, the second to float tolerance.
-WORLD1_STEPS = 2
-
-
 @pytest.fixture(scope="session")
 def tiny_diva_world1(tiny_diva_run):
-    """The shared run's settings and seed on one node, one rank, one replica, for its first WORLD1_STEPS steps (no
-    resume: the shared run's resume is compared with the crash run)."""
+    """The shared run's settings and seed on one node, one rank, one replica: the world-size-1 reference of the
+    two-node run (``test_cluster_on_cpu.py``) and the uninterrupted run the one-node crash run is compared with."""
     run_dir = tiny_diva_run["workdir"] / "world1"
-    returncode, output = run_tiny_cpu(
-        tiny_diva_run["workdir"], run_dir, 600, METHOD="diva", NODES="1", STEPS=str(WORLD1_STEPS), RESUME_STEPS="0"
+    output, summary = launch_tiny_cpu(
+        tiny_diva_run["workdir"],
+        run_dir,
+        900,
+        METHOD="diva",
+        NODES="1",
+        STEPS=str(DIVA_STEPS),
+        RESUME_STEPS=str(DIVA_RESUME_STEPS),
     )
-    assert returncode == 0, output[-8000:]
-    return {"dir": run_dir, "output": output}
+    return {"dir": run_dir, "workdir": tiny_diva_run["workdir"], "output": output, "summary": summary}

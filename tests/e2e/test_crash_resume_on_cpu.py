@@ -1,6 +1,6 @@
-"""A crash loses nothing: the DIVA run killed three times, restarted by the launcher, logs what the run that never
-stopped logs (``tests/e2e/conftest.py``'s ``tiny_diva_run``: 3 steps, then a resume for a 4th), both on the two-node
-cluster (two training ranks, two rollout replicas): a run stopped and resumed at world size 2 equals the straight one.
+"""A crash loses nothing: the DIVA run killed four times, restarted by the launcher, logs what the run that never
+stopped logs (``tests/e2e/conftest.py``'s ``tiny_diva_world1``: one node, 3 steps, then a resume for a 4th). The
+two-node cluster's faults (a lost node, storage a node cannot see) are in ``test_cluster_faults_on_cpu.py``.
 
 One launch of ``run_scripts/tiny_cpu.sh`` with ``MAX_RESTARTS=4`` and four faults (:mod:`verl_ext.faults`), each a
 SIGKILL, each once:
@@ -29,7 +29,7 @@ import json
 import re
 
 import pytest
-from tiny_launch import DIVA_ALL_STEPS, DIVA_NODES, DIVA_STEPS, run_tiny_cpu
+from tiny_launch import DIVA_ALL_STEPS, DIVA_STEPS, run_tiny_cpu
 
 from verl_ext.cpu.same_run import metric_differences
 from verl_ext.difficulty.persistence import checkpoint_state_path, load_state
@@ -43,16 +43,16 @@ DEAD_ROLLOUT_BOUND_S = 90
 
 
 @pytest.fixture(scope="module")
-def crashed(tiny_diva_run):
-    run_dir = tiny_diva_run["workdir"] / "crashed"
+def crashed(tiny_diva_world1):
+    run_dir = tiny_diva_world1["workdir"] / "crashed"
     fault_dir = run_dir / "faults"
     fault_dir.mkdir(parents=True)
     returncode, output = run_tiny_cpu(
-        tiny_diva_run["workdir"],
+        tiny_diva_world1["workdir"],
         run_dir,
         1500,
         METHOD="diva",
-        NODES=str(DIVA_NODES),
+        NODES="1",
         STEPS=str(len(DIVA_ALL_STEPS)),
         RESUME_STEPS="0",
         SAVE_FREQ="1",
@@ -97,8 +97,8 @@ def test_a_dead_rollout_actor_fails_the_job_in_bounded_time_naming_it(crashed, f
     assert 0 <= (failed - killed).total_seconds() < DEAD_ROLLOUT_BOUND_S
 
 
-def test_the_crashed_run_logs_what_the_run_that_never_stopped_logs(tiny_diva_run, crashed):
-    expected = load_run(tiny_diva_run["dir"]).log.steps
+def test_the_crashed_run_logs_what_the_run_that_never_stopped_logs(tiny_diva_world1, crashed):
+    expected = load_run(tiny_diva_world1["dir"]).log.steps
     actual = load_run(crashed["dir"]).log.steps
     assert set(DIVA_ALL_STEPS) | {0} <= set(expected)
     compared = sum(len(values) for values in expected.values())
@@ -106,9 +106,9 @@ def test_the_crashed_run_logs_what_the_run_that_never_stopped_logs(tiny_diva_run
     assert metric_differences(expected, actual) == []
 
 
-def test_the_difficulty_states_saved_match_the_uninterrupted_runs(tiny_diva_run, crashed):
+def test_the_difficulty_states_saved_match_the_uninterrupted_runs(tiny_diva_world1, crashed):
     # The reference saved steps 3 and 4; the difficulty state of each is the same after three crashes.
     for step in (DIVA_STEPS, DIVA_ALL_STEPS[-1]):
-        reference = load_state(checkpoint_state_path(tiny_diva_run["dir"] / "checkpoints" / f"global_step_{step}"))
+        reference = load_state(checkpoint_state_path(tiny_diva_world1["dir"] / "checkpoints" / f"global_step_{step}"))
         again = load_state(checkpoint_state_path(crashed["dir"] / "checkpoints" / f"global_step_{step}"))
         assert again["questions"] == reference["questions"]
