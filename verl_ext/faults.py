@@ -1,4 +1,5 @@
-"""Fault injection for the crash tests: a process kills itself (SIGKILL) at a named point of a named step.
+"""Fault injection for the crash tests: a process kills itself (SIGKILL) at a named point of a named step, or a
+rollout request fails.
 
 ``DIVA_FAULTS="<point>@<step>,..."`` arms the points; each fires once per run: before dying, the process leaves a
 mark in ``DIVA_FAULT_DIR`` (required with ``DIVA_FAULTS``), so the restarted job that resumes past that step runs
@@ -19,16 +20,32 @@ Points (where the kill leaves the run):
 
 SIGKILL, not an exception: nothing of the dying process (``finally`` blocks, atexit, Ray's clean-up) runs, as
 when a node is preempted or the kernel's OOM killer strikes.
+
+Request points (:func:`fail_request`, in the ``hf_cpu`` server's ``generate``, ``step`` being its weights version
+as for ``rollout_generate``) raise :class:`InjectedRequestFault` instead: the request fails, the server lives on.
+
+* ``rollout_request``: the first request to arrive at weights version ``step`` fails, once; its retry (and every
+  other request) goes through: the run must equal the run without the fault;
+* ``rollout_request_always``: the first request to arrive at weights version ``step`` fails on every attempt (a
+  request is known again by its sampling params and prompt, which a retry repeats): the step must fail in bounded
+  time naming it.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 
 FAULTS_ENV = "DIVA_FAULTS"
 FAULT_DIR_ENV = "DIVA_FAULT_DIR"
-POINTS = ("after_difficulty_update", "checkpoint_save", "rollout_generate", "agent_loop_run")
+KILL_POINTS = ("after_difficulty_update", "checkpoint_save", "rollout_generate", "agent_loop_run")
+REQUEST_POINTS = ("rollout_request", "rollout_request_always")
+POINTS = KILL_POINTS + REQUEST_POINTS
+
+
+class InjectedRequestFault(RuntimeError):
+    """A rollout request failed by :func:`fail_request` (``DIVA_FAULTS``)."""
 
 
 def armed_faults(spec: str | None = None) -> set[tuple[str, int]]:
@@ -50,17 +67,54 @@ def _mark(point: str, step: int) -> str:
     return os.path.join(folder, f"{point}@{step}.fired")
 
 
+def _claim(mark: str, text: str) -> bool:
+    """Create ``mark`` holding ``text``; False when it exists (atomic: one process, one request claims it)."""
+    try:
+        fd = os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.write(fd, text.encode())
+    os.fsync(fd)
+    os.close(fd)
+    return True
+
+
 def inject(point: str, step: int) -> None:
     """SIGKILL this process if ``point@step`` is armed and has not fired in this run (its mark is written first)."""
     if not os.environ.get(FAULTS_ENV) or (point, int(step)) not in armed_faults():
         return
-    mark = _mark(point, int(step))
-    try:
-        fd = os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # atomic: one process fires it
-    except FileExistsError:
+    if not _claim(_mark(point, int(step)), f"pid {os.getpid()}\n"):
         return
-    os.write(fd, f"pid {os.getpid()}\n".encode())
-    os.fsync(fd)
-    os.close(fd)
     print(f"[fault] {point}@{step}: killing pid {os.getpid()} (SIGKILL)", flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fail_request(step: int, request: str | Callable[[], str]) -> None:
+    """Raise :class:`InjectedRequestFault` if a request point is armed at ``step`` and ``request`` (what identifies
+    the request across its retries, or a function giving it) is the one it fails (the module docstring)."""
+    if not os.environ.get(FAULTS_ENV):
+        return
+    armed = armed_faults()
+    if not any((point, int(step)) in armed for point in REQUEST_POINTS):
+        return
+    request = request() if callable(request) else request
+    step = int(step)
+    if ("rollout_request", step) in armed and _claim(_mark("rollout_request", step), f"{request}\n"):
+        print(f"[fault] rollout_request@{step}: failing request {request} once", flush=True)
+        raise InjectedRequestFault(f"injected fault rollout_request@{step}: request {request} fails once")
+    if ("rollout_request_always", step) in armed:
+        mark = _mark("rollout_request_always", step)
+        first = _claim(mark, f"{request}\n")
+        if first or _read(mark) == request:
+            print(f"[fault] rollout_request_always@{step}: failing request {request}", flush=True)
+            raise InjectedRequestFault(
+                f"injected fault rollout_request_always@{step}: request {request} fails on every attempt"
+            )
+
+
+def _read(mark: str) -> str:
+    try:
+        with open(mark) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
