@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# AVSPO (virtual samples for collapsed groups, guided by the advantage collapse rate; README, AVSPO) on
+# AVSPO (virtual samples for collapsed groups, guided by the advantage collapse rate; docs/algo/avspo.md) on
 # Qwen2.5-VL-7B-Instruct. The paper trains text LLMs: DIVA's hyperparameters, with the paper's group size G = 8.
 #   bash run_scripts/qwen25vl7b_avspo.sh              # train (needs GPUs or RAY_ADDRESS)
 #   DRY_RUN=1 bash run_scripts/qwen25vl7b_avspo.sh    # CPU preflight

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CoDaPO (confidence- and difficulty-adaptive weighting, and resampling; README, CoDaPO) on Qwen2.5-VL-7B-Instruct.
+# CoDaPO (confidence- and difficulty-adaptive weighting, and resampling; docs/algo/codapo.md) on Qwen2.5-VL-7B-Instruct.
 # The authors' example run: group size 8, lr 1e-6; everything else DIVA's. Every training batch is rolled out
 # twice (fresh, then its highest-weight questions), so a step count covers half as many fresh batches.
 #   bash run_scripts/qwen25vl7b_codapo.sh             # train (needs GPUs or RAY_ADDRESS)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Durian (difficulty-aware group normalisation; README, Durian) on Qwen2.5-VL-7B-Instruct with the paper's
+# Durian (difficulty-aware group normalisation; docs/algo/durian.md) on Qwen2.5-VL-7B-Instruct with the paper's
 # setting: batch 128, 8 rollouts, lr 1e-6, 0.9 accuracy + 0.1 format reward. The training parquet needs the
 # visual_entropy column: diva-prep entropy --model "$MODEL_PATH" --input F --output F.
 #   bash run_scripts/qwen25vl7b_durian.sh             # train (needs GPUs or RAY_ADDRESS)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# MUPO (several groups of similar reasoning per prompt and a diversity reward; README, MUPO) on
+# MUPO (several groups of similar reasoning per prompt and a diversity reward; docs/algo/mupo.md) on
 # Qwen2.5-VL-7B-Instruct with the paper's settings: 15 rollouts, k 3 groups of at least 3, lambda 0.4 -> 0.1.
 # The responses' reasoning is embedded by an OpenAI-compatible endpoint, e.g. on the embedding host:
 #   vllm serve Qwen/Qwen3-Embedding-0.6B --task embed --port 8000

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PGPO (token-level advantages from visual dependency; README, PGPO) on Qwen2.5-VL-7B-Instruct with the paper's
+# PGPO (token-level advantages from visual dependency; docs/algo/pgpo.md) on Qwen2.5-VL-7B-Instruct with the paper's
 # DAPO-style recipe: 5 rollouts, lr 1e-6, max response 2048 tokens, clip 0.2 / 0.28, no KL. One more actor pass per
 # step computes the blind log-probs (visual tokens hidden; the paper reports +10.6% training time).
 #   bash run_scripts/qwen25vl7b_pgpo.sh               # train (needs GPUs or RAY_ADDRESS)

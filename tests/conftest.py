@@ -4,7 +4,6 @@ import os
 
 import pytest
 
-
 # Session fixtures of tests/e2e/conftest.py: one launch each, shared by several modules.
 SHARED_LAUNCHES = frozenset({"tiny_diva_run", "tiny_diva_world1"})
 

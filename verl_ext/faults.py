@@ -1,4 +1,5 @@
-"""Fault injection for the crash tests: a process kills itself (SIGKILL) at a named point of a named step.
+"""Fault injection for the crash tests: a process kills itself (SIGKILL) at a named point of a named step, or a
+rollout request fails.
 
 ``DIVA_FAULTS="<point>@<step>,..."`` arms the points; each fires once per run: before dying, the process leaves a
 mark in ``DIVA_FAULT_DIR`` (required with ``DIVA_FAULTS``), so the restarted job that resumes past that step runs
@@ -24,16 +25,32 @@ when a node is preempted or the kernel's OOM killer strikes.
 ``node-1``): the process that reaches the point SIGKILLs that node's whole process tree (its ``ray start`` launcher,
 raylet, object store and every worker on it) and goes on, as when a machine of a cluster is preempted; the
 launcher then starts the node again before it resubmits the job.
+
+Request points (:func:`fail_request`, in the ``hf_cpu`` server's ``generate``, ``step`` being its weights version
+as for ``rollout_generate``) raise :class:`InjectedRequestFault` instead: the request fails, the server lives on.
+
+* ``rollout_request``: the first request to arrive at weights version ``step`` fails, once; its retry (and every
+  other request) goes through: the run must equal the run without the fault;
+* ``rollout_request_always``: the first request to arrive at weights version ``step`` fails on every attempt (a
+  request is known again by its sampling params and prompt, which a retry repeats): the step must fail in bounded
+  time naming it.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 
 FAULTS_ENV = "DIVA_FAULTS"
 FAULT_DIR_ENV = "DIVA_FAULT_DIR"
-POINTS = ("after_difficulty_update", "checkpoint_save", "rollout_generate", "agent_loop_run")
+KILL_POINTS = ("after_difficulty_update", "checkpoint_save", "rollout_generate", "agent_loop_run")
+REQUEST_POINTS = ("rollout_request", "rollout_request_always")
+POINTS = KILL_POINTS + REQUEST_POINTS
+
+
+class InjectedRequestFault(RuntimeError):
+    """A rollout request failed by :func:`fail_request` (``DIVA_FAULTS``)."""
 
 
 def armed_faults(spec: str | None = None) -> dict[tuple[str, int], str | None]:
@@ -82,6 +99,18 @@ def local_node_processes(node: str) -> list[int]:
     return sorted(tree)
 
 
+def _claim(mark: str, text: str) -> bool:
+    """Create ``mark`` holding ``text``; False when it exists (atomic: one process, one request claims it)."""
+    try:
+        fd = os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.write(fd, text.encode())
+    os.fsync(fd)
+    os.close(fd)
+    return True
+
+
 def inject(point: str, step: int) -> None:
     """SIGKILL this process (or lose the named node) if ``point@step`` is armed and has not fired in this run (its
     mark is written first)."""
@@ -91,15 +120,9 @@ def inject(point: str, step: int) -> None:
     if (point, int(step)) not in armed:
         return
     node = armed[(point, int(step))]
-    mark = _mark(point, int(step))
-    try:
-        fd = os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # atomic: one process fires it
-    except FileExistsError:
-        return
     victims = local_node_processes(node) if node else [os.getpid()]
-    os.write(fd, f"pid {os.getpid()} kills {node or 'itself'}: {victims}\n".encode())
-    os.fsync(fd)
-    os.close(fd)
+    if not _claim(_mark(point, int(step)), f"pid {os.getpid()} kills {node or 'itself'}: {victims}\n"):
+        return
     if node is None:
         print(f"[fault] {point}@{step}: killing pid {os.getpid()} (SIGKILL)", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -111,3 +134,34 @@ def inject(point: str, step: int) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def fail_request(step: int, request: str | Callable[[], str]) -> None:
+    """Raise :class:`InjectedRequestFault` if a request point is armed at ``step`` and ``request`` (what identifies
+    the request across its retries, or a function giving it) is the one it fails (the module docstring)."""
+    if not os.environ.get(FAULTS_ENV):
+        return
+    armed = armed_faults()
+    if not any((point, int(step)) in armed for point in REQUEST_POINTS):
+        return
+    request = request() if callable(request) else request
+    step = int(step)
+    if ("rollout_request", step) in armed and _claim(_mark("rollout_request", step), f"{request}\n"):
+        print(f"[fault] rollout_request@{step}: failing request {request} once", flush=True)
+        raise InjectedRequestFault(f"injected fault rollout_request@{step}: request {request} fails once")
+    if ("rollout_request_always", step) in armed:
+        mark = _mark("rollout_request_always", step)
+        first = _claim(mark, f"{request}\n")
+        if first or _read(mark) == request:
+            print(f"[fault] rollout_request_always@{step}: failing request {request}", flush=True)
+            raise InjectedRequestFault(
+                f"injected fault rollout_request_always@{step}: request {request} fails on every attempt"
+            )
+
+
+def _read(mark: str) -> str:
+    try:
+        with open(mark) as f:
+            return f.read().strip()
+    except OSError:
+        return ""

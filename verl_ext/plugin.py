@@ -46,6 +46,13 @@ from verl_ext import position_ids_patch  # noqa: E402
 
 position_ids_patch.apply()
 
+# A verl assumption broken by transformers 5 (verl_ext/no_pixels_patch.py): verl's Qwen2-VL forward fails on every
+# micro-batch without pixels (text-only rows, padding rows, PGPO's blind pass). Every process, every device: each
+# actor and reference forward runs in a process that loaded this plugin.
+from verl_ext import no_pixels_patch  # noqa: E402
+
+no_pixels_patch.apply()
+
 # The toolkit's other methods (verl_ext/methods/<name>.py), registered with verl here by name, without importing
 # their modules: verl loads this plugin while it is itself being imported, which may happen midway through the
 # import of one of our modules (verl_ext.config subclasses verl's BaseConfig); importing the methods from here then

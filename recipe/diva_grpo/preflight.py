@@ -3,7 +3,7 @@
 Run it with ``DRY_RUN=1 bash run_scripts/qwen25vl7b_diva.sh`` (or any ``qwen25vl7b_<method>.sh``: the same
 ``ray job submit`` path as a real run). It checks, in order, and stops at the first failure with the reason:
 
-1. the composed config validates (DIVA knobs, batch-size rules, verl's own checks);
+1. the composed config validates (DIVA knobs, the failed-request retries, batch-size rules, verl's own checks);
 2. the data loads (``diva-prep synth`` data is generated when the configured files are absent);
 3. the first training batch holds each question's original and variants, with images perturbed and as
    many ``<image>`` placeholders as images;
@@ -36,6 +36,7 @@ from verl.utils.config import validate_config
 from recipe.diva_grpo.prelaunch import DEFAULT_DATA_FILES
 from verl_ext.cluster.batch_arithmetic import check_batch_arithmetic
 from verl_ext.config import diva_config_from
+from verl_ext.rollout.request_retry import requests_config
 
 PREFLIGHT_QUESTIONS_PER_STEP = 4
 PREFLIGHT_STEPS = 3
@@ -265,6 +266,7 @@ def run_preflight(config: DictConfig) -> dict:
 
     # 1. config
     diva_config_from(config.diva)
+    requests_config(config)  # the rollout_requests block (read by the agent loop at the first request otherwise)
     # The rows each rank of the configured cluster gets in every pass (the run's own settings, before the preflight
     # shrinks them to this machine).
     for line in check_batch_arithmetic(config).lines():

@@ -2,28 +2,48 @@
 -- python -m recipe.diva_grpo.main_diva OVERRIDES``.
 
 What ``ray job submit --runtime-env FILE -- CMD`` does (the SDK's ``JobSubmissionClient``: upload the working
-directory, submit, print the job's logs as they come, report its final status), plus the variables the job reads
-from this shell, forwarded by name (:mod:`verl_ext.cluster.job_env`): they join the runtime env in memory, so no
-value is written to a file, put on a command line or printed. Exit status 0 when the job succeeded, 1 otherwise
-(stopped included: a run that did not finish is not a success). Interrupted (Ctrl-C, SIGTERM), it stops the job.
+directory, submit, follow the job's logs, report its final status), plus the variables the job reads from this
+shell, forwarded by name (:mod:`verl_ext.cluster.job_env`): they join the runtime env in memory, so no value is
+written to a file, put on a command line or printed. Exit status 0 when the job succeeded, 1 otherwise (stopped
+included: a run that did not finish is not a success). Interrupted (Ctrl-C, SIGTERM), it stops the job.
+
+The job's log stream goes whole to a full log file (:func:`job_log_path`, named on the console at the start and on
+failure); the console shows what :class:`recipe.diva_grpo.console.JobConsole` selects: the project's own lines, one
+line per training step, errors. A job that fails ends with the last lines of its stream. ``VERBOSE=1`` shows the
+whole stream on the console instead, as ``ray job submit`` does.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime as dt
 import os
 import shlex
 import signal
 import sys
+import tempfile
 
 import yaml
 
+from recipe.diva_grpo.console import JobConsole, end_quiet_console, quiet_console
+from recipe.diva_grpo.prelaunch import LOGGER_PATH_KEY
 from verl_ext.cluster.job_env import forwarded_env
 
+# Where the job's full log goes, when set (run_scripts/tiny_cpu.sh: its run folder's job.log).
+JOB_LOG_ENV = "DIVA_JOB_LOG"
+# 1: the whole stream on the console too.
+VERBOSE_ENV = "VERBOSE"
+PREFLIGHT_DIR_ENV = "DIVA_PREFLIGHT_DIR"
+# How Ray's failure message starts when it goes on with the job's last logs (ray/dashboard/modules/job).
+RAY_LOGS_REPEATED = "Job entrypoint command failed with exit code"
 
-def _say(msg: str) -> None:
-    print(f"[diva] {msg}", flush=True)
+
+def _say(msg: str, console: JobConsole | None = None, file=None) -> None:
+    if console is not None:
+        console.say(f"[diva] {msg}")
+    else:
+        print(f"[diva] {msg}", file=file or sys.stdout, flush=True)
 
 
 def job_runtime_env(path: str, overrides: list[str], environ) -> tuple[dict, list[str]]:
@@ -38,9 +58,72 @@ def job_runtime_env(path: str, overrides: list[str], environ) -> tuple[dict, lis
     return env, sorted(forwarded)
 
 
-async def _follow(client, job_id: str) -> None:
+def _override(command: list[str], key: str) -> str | None:
+    """The value the job's Hydra overrides give ``key`` (the last one wins, as in Hydra); ``None`` if none does."""
+    found = None
+    for token in command:
+        name, sep, value = token.lstrip("+~").partition("=")
+        if sep and name == key:
+            found = value.strip("'\"")
+    return found
+
+
+def job_log_path(command: list[str], environ, stamp: str | None = None) -> str:
+    """Where the job's full log goes:
+
+    1. ``$DIVA_JOB_LOG`` (``run_scripts/tiny_cpu.sh``: ``RUN_DIR/job.log``);
+    2. a preflight (``diva.dry_run=true``): ``$DIVA_PREFLIGHT_DIR``, else the temp folder (a dry run writes nothing
+       into the run's folders, as :mod:`recipe.diva_grpo.prelaunch` does not);
+    3. next to verl's metrics log (the launchers' ``METRICS_LOG``, ``CKPT_DIR/logs/metrics_<time>_<pid>.jsonl``):
+       ``job_<time>_<pid>.log``, one file for every attempt of a launch (``MAX_RESTARTS``);
+    4. ``<trainer.default_local_dir>/logs/``;
+    5. the temp folder.
+    """
+    if environ.get(JOB_LOG_ENV):
+        return os.path.abspath(environ[JOB_LOG_ENV])
+    stamp = stamp or f"{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}_{os.getpid()}"
+    if (_override(command, "diva.dry_run") or "").lower() == "true":
+        return os.path.join(environ.get(PREFLIGHT_DIR_ENV) or tempfile.gettempdir(), f"diva_job_{stamp}.log")
+    metrics_log = _override(command, LOGGER_PATH_KEY)
+    if metrics_log:
+        stem = os.path.splitext(os.path.basename(metrics_log))[0]
+        name = "job" + stem[len("metrics") :] if stem.startswith("metrics") else f"{stem}_job"
+        return os.path.join(os.path.dirname(os.path.abspath(metrics_log)), f"{name}.log")
+    checkpoints = _override(command, "trainer.default_local_dir")
+    if checkpoints:
+        return os.path.join(os.path.abspath(checkpoints), "logs", f"job_{stamp}.log")
+    return os.path.join(tempfile.gettempdir(), f"diva_job_{stamp}.log")
+
+
+def open_console(path: str, verbose: bool) -> JobConsole:
+    """The job's console writing to ``path``, or to the temp folder when ``path`` cannot be written here (a cluster's
+    storage that this machine does not see)."""
+    try:
+        return JobConsole(path, verbose=verbose)
+    except OSError as err:
+        fallback = os.path.join(tempfile.gettempdir(), os.path.basename(path))
+        _say(f"note: cannot write the job's log at {path} ({err.strerror}); writing it to {fallback}")
+        return JobConsole(fallback, verbose=verbose)
+
+
+def reason(message: str, max_lines: int = 40) -> str:
+    """Ray's reason for a job's failure, for the console: the first line when the rest repeats the job's last logs
+    (up to 20,000 characters, already in the console's tail and the full log); otherwise Ray's own message (a
+    runtime env that failed to set up, the supervisor's traceback), at most ``max_lines`` lines."""
+    lines = message.strip().splitlines()
+    if not lines:
+        return ""
+    if lines[0].startswith(RAY_LOGS_REPEATED):
+        return lines[0]
+    kept = lines[:max_lines]
+    if len(lines) > max_lines:
+        kept.append(f"... ({len(lines) - max_lines} more lines in the full log)")
+    return "\n".join(kept)
+
+
+async def _follow(client, job_id: str, console: JobConsole) -> None:
     async for lines in client.tail_job_logs(job_id):
-        print(lines, end="", flush=True)
+        console.write(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,27 +137,49 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no command after --")
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    runtime_env, names = job_runtime_env(args.runtime_env, command, os.environ)
-    if names:
-        _say(f"forwarding to the job by name (values not shown): {', '.join(names)}")
-    client = JobSubmissionClient(args.address)
-    job_id = client.submit_job(entrypoint=shlex.join(command), runtime_env=runtime_env)
-    _say(f"job {job_id} submitted to {args.address} (ray job logs / status / stop {job_id})")
+    verbose = os.environ.get(VERBOSE_ENV, "0") not in ("", "0")
+    console = open_console(job_log_path(command, os.environ), verbose)
+    # Ray's client logs its packaging notes here (the checkout's upload): to the full log, not the console.
+    quiet = None if verbose else quiet_console(console.log_path)
+    succeeded = False
+    try:
+        how = "shown here too" if verbose else "VERBOSE=1 shows it here"
+        _say(f"the job's full output: {console.log_path} ({how})", console)
+        runtime_env, names = job_runtime_env(args.runtime_env, command, os.environ)
+        if names:
+            _say(f"forwarding to the job by name (values not shown): {', '.join(names)}", console)
+        client = JobSubmissionClient(args.address)
+        job_id = client.submit_job(entrypoint=shlex.join(command), runtime_env=runtime_env)
+        _say(f"job {job_id} submitted to {args.address} (ray job logs / status / stop {job_id})", console)
 
-    def stop(signum, _frame):
-        _say(f"interrupted ({signal.Signals(signum).name}): stopping job {job_id}")
-        client.stop_job(job_id)
-        raise SystemExit(130)
+        def stop(signum, _frame):
+            _say(f"interrupted ({signal.Signals(signum).name}): stopping job {job_id}", console)
+            client.stop_job(job_id)
+            raise SystemExit(130)
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    asyncio.run(_follow(client, job_id))
-    info = client.get_job_info(job_id)
-    if info.status == JobStatus.SUCCEEDED:
-        _say(f"job {job_id} succeeded")
-        return 0
-    print(f"error: job {job_id} {str(info.status).lower()}: {info.message or ''}".rstrip(), file=sys.stderr)
-    return 1
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        asyncio.run(_follow(client, job_id, console))
+        info = client.get_job_info(job_id)
+        if info.status == JobStatus.SUCCEEDED:
+            _say(f"job {job_id} succeeded", console)
+            succeeded = True
+            return 0
+        status, message = str(info.status).lower(), (info.message or "").strip()
+        console.note(f"[diva] job {job_id} {status}: {message}")
+        tail = [] if verbose else console.tail()  # verbose: every line is on the console already
+        if tail:
+            print(f"[diva] the job's last {len(tail)} lines:", file=sys.stderr)
+            for line in tail:
+                print(f"  {line}", file=sys.stderr)
+        print(f"error: job {job_id} {status}: {reason(message)}".rstrip(), file=sys.stderr)
+        return 1
+    finally:
+        console.close()
+        if quiet is not None:
+            end_quiet_console(quiet)
+        if not succeeded:
+            _say(f"the job's full output: {console.log_path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ SET_FOR_THE_JOB = {
     "VERL_FILE_LOGGER_ROOT": "the CPU runs' runtime env (verl_ext.cpu.launch.runtime_env)",
     "DIVA_CPU_PROBE_DIR": "the CPU runs' runtime env",
     "DIVA_PREFLIGHT_DIR": "the preflight's work folder, read where the preflight runs",
+    "DIVA_JOB_LOG": "where the submitter writes the job's full output, read on the submitting machine only",
+    "VERBOSE": "the submitter's console shows the job's whole output, read on the submitting machine only",
     "RAY_ADDRESS": "set by Ray in every process of a job",
     "RANK": "set by verl for each training rank",
 }
@@ -106,7 +108,8 @@ class _Client:
         return "raysubmit_test"
 
     async def tail_job_logs(self, job_id):
-        yield "the job's log line\n"
+        yield "the job's log line\n(TaskRunner pid=7) [diva] a line of the "
+        yield "job's own\n"
 
     def get_job_info(self, job_id):
         from ray.job_submission import JobStatus
@@ -119,14 +122,22 @@ def test_the_submitter_prints_names_never_values(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(ray.job_submission, "JobSubmissionClient", _Client)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-do-not-print")
+    monkeypatch.delenv("VERBOSE", raising=False)
+    full_log = tmp_path / "job.log"
+    monkeypatch.setenv("DIVA_JOB_LOG", str(full_log))
     path = tmp_path / "runtime_env.yaml"
     path.write_text("working_dir: ./\n")
     argv = ["--address", "http://127.0.0.1:1", "--runtime-env", str(path), "--", "python", "-m", "x", "a=b c"]
     assert submit.main(argv) == 0
     out = capsys.readouterr()
-    assert "sk-do-not-print" not in out.out + out.err
+    logged = full_log.read_text()
+    assert "sk-do-not-print" not in out.out + out.err + logged
     assert "forwarding to the job by name (values not shown): OPENAI_API_KEY" in out.out
-    assert "the job's log line" in out.out and "job raysubmit_test succeeded" in out.out
+    # The job's own line on the console, a third-party line in the full log only, which has both.
+    assert "[diva] a line of the job's own" in out.out and "the job's log line" not in out.out
+    assert "the job's log line\n(TaskRunner pid=7) [diva] a line of the job's own\n" in logged
+    assert "job raysubmit_test succeeded" in out.out and "job raysubmit_test succeeded" in logged
+    assert f"the job's full output: {full_log}" in out.out
     assert _Client.submitted["runtime_env"]["env_vars"]["OPENAI_API_KEY"] == "sk-do-not-print"
     assert _Client.submitted["entrypoint"] == "python -m x 'a=b c'"
 

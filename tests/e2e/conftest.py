@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
-from tiny_launch import DIVA_NODES, DIVA_RESUME_STEPS, DIVA_STEPS, ROOT, launch_tiny_cpu
+from tiny_launch import DIVA_NODES, DIVA_RESUME_STEPS, DIVA_STEPS, ROOT, job_log, launch_tiny_cpu
 
 
 def require_torchvision() -> None:
@@ -58,6 +58,7 @@ def tiny_diva_run(tmp_path_factory):
         "records": records,
         "diva": diva_config_from(config.diva),
         "output": output,
+        "log": job_log(run_dir),
         "sockets": sockets,
     }
 

@@ -22,10 +22,12 @@ def test_the_head_and_the_job_listen_on_loopback_only(tiny_diva_run):
     # The sampling saw the head's servers and the job's workers, not just the launcher.
     assert {"gcs_server", "raylet"} <= names and any(name.startswith("ray::") for name in names)
     assert len({s[3] for s in sockets if s[2] == "raylet"}) == DIVA_NODES  # both nodes' raylets were sampled
-    # The one exception, listed in the README: torch.distributed's store, which binds every interface.
+    # The one exception, listed in docs/reliability.md ("The local head"): torch.distributed's store, which binds
+    # every interface.
     assert sockets_off_loopback(sockets) == []
 
 
 def test_the_jobs_driver_connects_through_loopback(tiny_diva_run):
-    used = re.findall(r"Using address (\S+?):\d+ set in the environment variable RAY_ADDRESS", tiny_diva_run["output"])
+    # Ray's own line: in the job's whole output (the console keeps the run's own lines)
+    used = re.findall(r"Using address (\S+?):\d+ set in the environment variable RAY_ADDRESS", tiny_diva_run["log"])
     assert used and set(used) == {"127.0.0.1"}

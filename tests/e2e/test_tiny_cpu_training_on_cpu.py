@@ -18,6 +18,7 @@ from __future__ import annotations
 import glob
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,18 @@ def test_the_run_folder_is_one_validated_run_for_diva_report(run, tmp_path):
     assert {0, STEPS, STEPS + RESUME_STEPS} <= set(val_steps.tolist())
     assert report([str(run["dir"]), "--output", str(tmp_path / "report")]) == 0
     assert (tmp_path / "report" / "validation.png").exists()
+
+
+def test_the_console_is_the_runs_own_lines_and_the_job_log_holds_everything(run):
+    """One readable line per step on the console, verl's whole metric line of each in the job's log; verl's config
+    dump and validation dicts in the log only."""
+    console, log = run["output"], run["log"]
+    for step in ALL_STEPS:
+        line = rf"^step {step}/\d+ \[[#.]+\]  score \S+ \| acc \S+ \| diva/collapse_rate/local \S+ \| [\d.]+ s"
+        assert re.search(line, console, re.M)
+        assert re.search(rf"step:{step} - .*actor/pg_loss:", log)
+    assert "validation before training: acc " in console
+    for chatter in ("'actor_rollout_ref'", "Initial validation metrics", "Training Progress"):
+        assert chatter not in console and chatter in log
+    assert f"the job's full output: {run['dir']}/job.log" in console
+    assert len(console.splitlines()) < 120  # the issue's 2-step launch printed 1,180

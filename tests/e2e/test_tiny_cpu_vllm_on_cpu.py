@@ -60,7 +60,8 @@ def test_vllms_servers_and_the_head_listen_on_loopback_only(run):
     loopback (``run_scripts/_submit.sh``: the head's node address, ``VLLM_HOST_IP``)."""
     sockets = run["sockets"]
     assert {"gcs_server", "raylet"} <= {s[2] for s in sockets}
-    # The one exception, listed in the README: torch.distributed's store, which binds every interface.
+    # The one exception, listed in docs/reliability.md ("The local head"): torch.distributed's store, which binds
+    # every interface.
     assert sockets_off_loopback(sockets) == []
 
 

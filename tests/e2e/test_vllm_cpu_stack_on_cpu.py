@@ -106,7 +106,7 @@ def test_setup_script_pins_are_verls_vllm_extra():
     assert extra == {k.lower(): v for k, v in pins.items() if k != "VERL"}
     assert pins["VERL"] == "0.9.1"
     setup_py = (ROOT / "setup.py").read_text()
-    assert '"gpu": ["verl[vllm]==0.9.1"]' in setup_py  # flash-attn is installed after torch (README, GPU install)
+    assert '"gpu": ["verl[vllm]==0.9.1"]' in setup_py  # flash-attn is installed after torch (README, "The main job")
 
 
 def test_setup_script_says_how_to_call_it():

@@ -16,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # on a cluster of NODES Ray nodes (one training rank and one rollout replica each).
 DIVA_STEPS, DIVA_RESUME_STEPS, DIVA_NODES = 3, 1, 2
 DIVA_ALL_STEPS = list(range(1, DIVA_STEPS + DIVA_RESUME_STEPS + 1))
-# Settings of the calling process that would point the launch at another cluster, platform or folder.
+# Settings of the calling process that would point the launch at another cluster, platform or folder, or change
+# what its console shows.
 CLEARED = (
     "RAY_ADDRESS",
     "VERL_PLATFORM",
@@ -27,6 +28,8 @@ CLEARED = (
     "NODES",
     "GPUS_PER_NODE",
     "TP",
+    "VERBOSE",
+    "DIVA_JOB_LOG",
 )
 
 
@@ -34,9 +37,9 @@ def run_tiny_cpu(
     workdir: Path, run_dir: Path, timeout: int, sockets: set | None = None, **settings: str
 ) -> tuple[int, str]:
     """Run the launcher with ``WORKDIR``, ``RUN_DIR`` and ``settings`` (``METHOD``, ``ROLLOUT``, ``STEPS``, ...);
-    returns its exit status and output (stdout, then stderr). ``sockets``: filled with every listening socket
-    (:func:`listening_sockets`) that a process of the launch (the Ray head and all it starts) held, sampled each
-    second."""
+    returns its exit status and console output (stdout, then stderr; the job's whole output: :func:`job_log`).
+    ``sockets``: filled with every listening socket (:func:`listening_sockets`) that a process of the launch (the Ray
+    head and all it starts) held, sampled each second."""
     env = {name: value for name, value in os.environ.items() if name not in CLEARED}
     env.update(WORKDIR=str(workdir), RUN_DIR=str(run_dir), **settings)
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
@@ -58,6 +61,12 @@ def run_tiny_cpu(
         out.seek(0)
         err.seek(0)
         return proc.returncode, out.read() + err.read()
+
+
+def job_log(run_dir: Path) -> str:
+    """The job's whole output, which the launcher's console shows only part of (``run_scripts/tiny_cpu.sh`` writes
+    it to ``RUN_DIR/job.log``: verl's and Ray's own lines, every actor's output)."""
+    return (run_dir / "job.log").read_text()
 
 
 def launch_tiny_cpu(
@@ -154,7 +163,7 @@ def _master_port(pid: int) -> int | None:
 
 def sockets_off_loopback(sockets: set) -> list[tuple]:
     """The sockets of :func:`listening_sockets` on another address than loopback, but for the listed exception
-    (README, "The local head keeps to this machine"): torch.distributed's TCPStore, which binds every interface and
+    (docs/reliability.md, "The local head"): torch.distributed's TCPStore, which binds every interface and
     has no setting for it, one per process that opens a process group: verl's FSDP workers (on ``MASTER_PORT``)
     and vLLM's engine worker (``init_method=tcp://127.0.0.1:<port>``). Each process's ports are read while it runs."""
     outside = [s for s in sockets if s[1] not in LOOPBACK]

@@ -4,7 +4,8 @@
 (tokenizer and processor included), starts Ray and TransferQueue, spawns verl's ``RayWorkerGroup`` of
 :class:`verl_ext.pgpo.worker.PgpoActorRolloutRefWorker` (role ``actor``: FSDP2 engine on the CPU platform of
 :mod:`verl_ext.cpu`, the recipe's config with the CPU overrides), puts four trajectories in TransferQueue as verl's
-agent loop does (processor-made prompts, two with an image), runs verl's sighted ``compute_log_prob`` and writes
+agent loop does (processor-made prompts, the two with an image first, so that the sighted pass has a micro-batch
+without pixels), runs verl's sighted ``compute_log_prob`` and writes
 ``old_log_probs`` as ``_compute_old_log_prob`` does, then calls :func:`verl_ext.pgpo.compute_blind_log_probs` with
 the worker group. Prints, as its last line, one JSON object: per trajectory the largest difference of the stored
 ``blind_log_probs`` to a plain transformers forward of the sequence without its visual tokens (positions kept) and
@@ -103,10 +104,13 @@ def main(workdir: str) -> None:
         processor = AutoProcessor.from_pretrained(paths["model"])
         model = AutoModelForImageTextToText.from_pretrained(paths["model"], dtype=torch.float32).eval()
         rng = np.random.default_rng(0)
+        # Image rows first: verl's sighted pass (micro-batches of 2, in order) then gets a micro-batch without
+        # pixels, which verl's Qwen2-VL forward takes only through verl_ext/no_pixels_patch.py: the plugin must have
+        # applied it in this worker process before any blind pass.
         rows = [
             trajectory(processor, model, rng, True, "what is 2+2?", "4, it is"),
-            trajectory(processor, model, rng, False, "say hi", "hi there"),
             trajectory(processor, model, rng, True, "count", "three"),
+            trajectory(processor, model, rng, False, "say hi", "hi there"),
             trajectory(processor, model, rng, False, "no image here, and a longer prompt", "ok"),
         ]
         keys = [f"pgpo{i}_0_0" for i in range(len(rows))]

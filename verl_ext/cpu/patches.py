@@ -2,9 +2,10 @@
 
 Everything else the CPU path needs goes through verl's registries (platform, rollout) or its config
 (``attn_implementation=sdpa``, ``strategy=fsdp2``, ``VERL_ENGINE_DEVICE=cuda``). What is left are assumptions
-written into verl's code; each patch below says which one it lifts. :data:`PATCHES` lists them for the README
-and the tests; :func:`apply_cpu_patches` applies them once per process, from ``verl_ext.plugin`` (loaded on
-``import verl``, before any verl worker module binds the patched names).
+written into verl's code; each patch below says which one it lifts. :data:`PATCHES` lists them for the tests
+(docs/verl_integration.md, "Patches of verl", describes each); :func:`apply_cpu_patches` applies them once per
+process, from ``verl_ext.plugin`` (loaded on ``import verl``, before any verl worker module binds the patched
+names).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ Qwen2-VL's rope index), a difference of a few parts in a million from the actor'
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import threading
@@ -45,6 +46,13 @@ logger = logging.getLogger(__name__)
 
 def _server_actor_name(replica_rank: int) -> str:
     return f"{ROLLOUT_NAME}_server_{replica_rank}_0"
+
+
+def _request_key(prompt_ids, sampling_params: dict) -> str:
+    """What identifies a request across its retries (same prompt, same params: the seed among them), for the request
+    fault points of :mod:`verl_ext.faults`."""
+    digest = hashlib.blake2b(repr((list(prompt_ids), sorted(sampling_params.items()))).encode(), digest_size=8)
+    return f"seed {sampling_params.get('seed')} prompt+params {digest.hexdigest()}"
 
 
 def _load_policy(model_path: str, attn_implementation: str = "sdpa"):
@@ -187,6 +195,7 @@ class HFCpuServer:
     ) -> TokenOutput:
         await self._generation_allowed.wait()
         faults.inject("rollout_generate", self.global_steps)
+        faults.fail_request(self.global_steps, lambda: _request_key(prompt_ids, sampling_params))
         vision = self._vision_inputs(list(prompt_ids), image_data, video_data, mm_processor_kwargs)
 
         def run():

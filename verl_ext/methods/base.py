@@ -102,7 +102,7 @@ class AdvantageInputs:
                 raise KeyError(
                     f"{method} needs extra_info[{key!r}] for every prompt, but response {row} has none "
                     f"(its extra_info keys: {sorted(info) if isinstance(info, dict) else type(info).__name__}). "
-                    "Add the column to the training parquet (see README, Data)."
+                    "Add the column to the training parquet (see docs/data.md)."
                 )
         return [info[key] for info in self.extra_info]
 

@@ -1,4 +1,4 @@
-"""Typed view of the recipe's ``mupo:`` config block (knobs, defaults and one-line reasons in the README).
+"""Typed view of the recipe's ``mupo:`` config block (knobs, defaults and one-line reasons in docs/algo/mupo.md).
 
 Plain :class:`verl.base_config.BaseConfig` dataclasses, so the toolkit's ``verl_ext.config.config_block`` builds
 them from a ``DictConfig`` or dict (unknown keys refused); :func:`mupo_config_from` is that call for ``mupo:``.

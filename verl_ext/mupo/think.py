@@ -12,7 +12,7 @@ def extract_think_span(response: str) -> str:
     """The first ``<think>...</think>`` span of ``response`` (tags included), else the whole response.
 
     A response cut off before ``</think>`` has no complete span and is embedded whole. (The released rollout
-    falls back to the text before ``\\boxed`` instead; see the README's fidelity table.)
+    falls back to the text before ``\\boxed`` instead; docs/algo/mupo.md, "The method", says what is embedded here.)
     """
     if not isinstance(response, str):
         raise ValueError(f"response must be a str, got {type(response).__name__}")

@@ -5,8 +5,9 @@ chosen in the trainer's ``_init_resource_pool_mgr``, ``role_worker_mapping``). :
 is that class plus one registered method, :meth:`~PgpoActorRolloutRefWorker.compute_blind_log_prob`, which runs
 the actor's own ``infer_batch`` (the same engine, micro-batching, dynamic batch size, temperature and
 remove-padding settings as ``compute_log_prob``) on the blind view of the batch (:mod:`verl_ext.pgpo.blind_view`).
-Nothing of verl is copied: the subclass adds a method and inherits everything else. One named patch lifts a verl
-assumption that breaks every micro-batch without pixels under transformers 5 (:mod:`verl_ext.pgpo.verl_patch`).
+Nothing of verl is copied: the subclass adds a method and inherits everything else. Every blind micro-batch has no
+pixels: verl's Qwen2-VL forward takes them through the named patch :mod:`verl_ext.no_pixels_patch`, which the plugin
+applies in every process (the worker checks that it is in place).
 
 :func:`use_blind_pass_worker` swaps the class in a trainer's ``role_worker_mapping``; call it right after
 ``super()._init_resource_pool_mgr()`` (the same place verl's own separate-async trainer changes its worker
@@ -81,10 +82,10 @@ class PgpoActorRolloutRefWorker(ActorRolloutRefWorker):
         Dispatched like ``compute_log_prob`` (the actor mesh; the trainer passes a ``KVBatchMeta`` and verl's
         TransferQueue bridge fetches the fields and writes ``blind_log_probs`` back under the same keys).
         """
-        from verl_ext.pgpo import verl_patch
+        from verl_ext import no_pixels_patch
         from verl_ext.pgpo.blind_view import visual_token_ids_from_config
 
-        verl_patch.apply()  # verl's Qwen2-VL forward without pixels (every blind micro-batch); see the module
+        no_pixels_patch.apply()  # applied by the plugin in every process already: a no-op that makes sure of it
         model_ids = visual_token_ids_from_config(self.actor.model_config.hf_config)
         output = blind_log_prob_pass(data, self.actor.infer_batch, model_ids)
         return output.cpu() if output is not None else None

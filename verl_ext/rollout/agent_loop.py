@@ -9,6 +9,12 @@ takes as ``SamplingParams.seed`` (a generator per request) and the ``hf_cpu`` se
 Training prompts carry the trainer's run uids (:func:`verl_ext.rollout.seeds.prompt_uid`); verl draws validation
 uids with ``uuid4``, so a validation request is keyed by its prompt's content and dataset index instead.
 
+Every request goes through :class:`verl_ext.rollout.request_retry.RetryingClient`, which stands in for the loop's
+``server_manager``: a failed request is sent again with the same params (its seed included, so the same tokens come
+back) up to ``rollout_requests.max_attempts`` times, then it is recorded for the replay buffer, which fails the step
+naming it. Subclasses that wrap the server manager further (NC-GRPO's branch probe) wrap the retrying one, so each of
+their requests is retried on its own.
+
 It is registered with verl's agent-loop registry by configuration (``rollout.agent.agent_loop_config_path``, the
 recipe's ``config/agent_loops.yaml``) and made the default loop by ``rollout.agent.default_agent_loop``; the agent
 loop workers build it by its dotted path. Subclasses change the request through :meth:`request_sampling_params`.
@@ -21,6 +27,7 @@ from typing import Any
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 
 from verl_ext import faults
+from verl_ext.rollout.request_retry import RetryingClient
 from verl_ext.rollout.seeds import content_key, is_run_uid, request_seed
 
 AGENT_LOOP_NAME = "seeded_single_turn_agent"
@@ -34,7 +41,15 @@ def request_place(kwargs: dict[str, Any]) -> tuple[int, str, int]:
 
 
 class SeededSingleTurnAgentLoop(SingleTurnAgentLoop):
-    """verl's ``single_turn_agent`` whose requests each carry their own sampling seed."""
+    """verl's ``single_turn_agent`` whose requests each carry their own sampling seed and are retried when they
+    fail."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # verl builds one loop per request: this stand-in is the request's (its rollout_requests knobs are read
+        # when the request is sent, so that a bad value fails it with its message).
+        self.request_retry = RetryingClient(self.server_manager, self.config)
+        self.server_manager = self.request_retry
 
     def request_sampling_params(self, sampling_params: dict[str, Any], kwargs: dict[str, Any]) -> dict[str, Any]:
         """The sampling params of this request: verl's, plus its seed. ``kwargs`` are the prompt's fields."""
@@ -45,4 +60,7 @@ class SeededSingleTurnAgentLoop(SingleTurnAgentLoop):
 
     async def run(self, sampling_params: dict[str, Any], **kwargs):
         faults.inject("agent_loop_run", int(kwargs.get("global_steps", 0) or 0))
+        retry = getattr(self, "request_retry", None)  # absent in a loop built without __init__ (tests)
+        if retry is not None:
+            retry.for_request(kwargs)
         return await super().run(self.request_sampling_params(sampling_params, kwargs), **kwargs)

@@ -13,6 +13,13 @@ Plugged in through verl's own extension point, ``trainer.v1.sampler.custom_sampl
   fed by the trainer through :meth:`watch`), and raises :class:`RolloutDiedError` naming the dead ones: a dead
   agent-loop worker's prompts would otherwise stay pending forever. A dead server fails all its requests; verl's
   buffer then stops with "no materializable trajectories", which names no cause: the same check names it.
+* **A failed group fails the step, naming its requests.** verl tags a prompt ``failure`` when one of its sessions
+  raised, and its synchronous buffer (``sync_refill_failed_groups`` off, as the toolkit trainers require) samples
+  the group with the responses it has. A rollout request is retried first, with its own seed
+  (:mod:`verl_ext.rollout.request_retry`); a prompt still tagged ``failure`` fails the step at the next poll with
+  :class:`verl_ext.rollout.request_retry.RolloutRequestError`, naming each failed request (prompt uid, question id,
+  response, replica, error) from the records the agent loop left in TransferQueue: no advantage or difficulty update
+  is ever computed over an incomplete group, and a prompt whose requests all failed cannot vanish from the batch.
 
 verl builds a custom sampler with its base arguments only (no DAPO group filter, no failed-group refill): the
 toolkit trainers refuse those settings.
@@ -30,6 +37,7 @@ from transfer_queue import KVBatchMeta  # noqa: TC002 (verl's return type)
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
 from verl_ext.rollout.liveness import dead_actors
+from verl_ext.rollout.request_retry import RolloutRequestError, recorded_failures
 from verl_ext.rollout.seeds import is_run_uid
 
 LIVENESS_CHECK_S = 10.0
@@ -70,9 +78,13 @@ class OrderedReplayBuffer(ReplayBuffer):
             batch, metrics = super().sample(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
         except RuntimeError as error:
             # verl's synchronous buffer stops when a step's groups all failed ("... no materializable trajectories"):
-            # say why, when an actor of the rollout is dead (a dead server fails every request it had).
+            # say why, when an actor of the rollout is dead (a dead server fails every request it had), else name
+            # the failed requests.
             self._raise_if_dead(partition_id, cause=error)
+            self._raise_if_failed(partition_id, cause=error)
             raise
+        # The groups verl sampled as finished include those tagged "failure" (missing responses): fail instead.
+        self._raise_if_failed(partition_id)
         sizes = Counter(key_order(key)[0] for key in batch.keys)
         if len(sizes) < batch_size or len(set(sizes.values())) > 1:
             # Fewer groups than asked for (verl drops failed validation groups, and _validate then fails on an empty
@@ -95,11 +107,41 @@ class OrderedReplayBuffer(ReplayBuffer):
         return [tuple(row.tolist()) for row in data["prompts"].unbind(0)]
 
     def _wait_for_next_poll(self, partition_id: str, last_debug_time: float) -> float:
+        # verl calls this after each metadata sync that did not yet find the whole batch: a failed group ends the
+        # wait at once (the step cannot be complete), dead actors first (the likely cause).
+        self._raise_if_failed(partition_id)
         now = time.monotonic()
         if now - self._last_check >= self.liveness_check_s:
             self._last_check = now
             self._raise_if_dead(partition_id)
         return super()._wait_for_next_poll(partition_id, last_debug_time)
+
+    def _raise_if_failed(self, partition_id: str, cause: BaseException | None = None) -> None:
+        """Raise :class:`RolloutRequestError` when a prompt of ``partition_id`` is tagged ``failure`` (in the last
+        metadata sync): the recorded failed requests of up to five prompts, by uid (a dead rollout actor is named
+        instead, by :meth:`_raise_if_dead`)."""
+        failed = sorted(self.failure_keys.get(partition_id, ()))
+        if not failed:
+            return
+        self._raise_if_dead(partition_id, cause=cause)
+        records = recorded_failures(failed)
+        lines = []
+        for uid in failed[:5]:
+            if uid in records:
+                lines += [failure.describe() for failure in records[uid]]
+            else:
+                lines.append(
+                    f"prompt {uid}: a session failed outside its rollout request (the agent loop, the reward or the "
+                    "trajectory's post-processing); verl logged its error in the agent-loop worker's log after "
+                    f"'Error in _run_prompt for uid={uid}'"
+                )
+        more = f"\n  ... and {len(failed) - 5} more prompt(s)" if len(failed) > 5 else ""
+        raise RolloutRequestError(
+            f"{len(failed)} {partition_id} prompt(s) lost responses, so the step stops instead of training on "
+            "incomplete groups:\n  " + "\n  ".join(lines) + more + "\nEach request was retried with its own seed "
+            "(rollout_requests.max_attempts); resume from the last checkpoint once the cause is fixed (MAX_RESTARTS=N "
+            "in the launchers resubmits the job)."
+        ) from cause
 
     def _raise_if_dead(self, partition_id: str, cause: BaseException | None = None) -> None:
         dead = dead_actors(self._watched()) if self._watched is not None else []

@@ -1,16 +1,19 @@
-"""The one patch of verl the blind pass needs: Qwen2-VL / Qwen2.5-VL micro-batches without any pixels.
+"""A named patch of verl for Qwen2-VL / Qwen2.5-VL micro-batches without any pixels (every process, every device).
 
 **Assumption lifted:** "the vision tower returns a tensor". verl 0.9.1's monkey-patched Qwen2-VL forward
 (``verl.models.transformers.qwen2_vl._get_input_embeds``, used for ``qwen2_vl`` and ``qwen2_5_vl`` whenever verl
-patches the model) runs a dummy vision forward when a micro-batch has no ``pixel_values`` (so that every FSDP rank
-all-gathers the vision weights the same number of times) and adds ``0.0 * image_embeds.mean()``. Since transformers
-5 the tower returns a ``BaseModelOutputWithPooling``, so that line raises ``AttributeError: ... has no attribute
-'mean'``; verl's own pixel branch already unpacks it with ``unpack_visual_output``. The blind pass never has pixels,
-so every one of its micro-batches takes that branch (so does any text-only micro-batch of the sighted passes).
+patches the model: the actor's log-prob and training forwards and the reference's) runs a dummy vision forward when a
+micro-batch has no ``pixel_values`` (so that every FSDP rank all-gathers the vision weights the same number of times)
+and adds ``0.0 * image_embeds.mean()``. Since transformers 5 the tower returns a ``BaseModelOutputWithPooling``, so
+that line raises ``AttributeError: ... has no attribute 'mean'``; verl's own pixel branch already unpacks it with
+``unpack_visual_output``. A micro-batch without pixels comes from text-only rows: a text-only prompt, the rows verl
+pads a short batch with, PGPO's blind pass (every one of its micro-batches). At world size > 1 the rank that fails
+leaves the others waiting in a collective until it times out.
 
 :func:`apply` wraps the function: a micro-batch with pixels or video goes to verl's code unchanged; one without runs
-the same dummy forward, through ``unpack_visual_output``. Applied in the actor worker process by
-:class:`verl_ext.pgpo.worker.PgpoActorRolloutRefWorker` before its first blind pass; idempotent.
+the same dummy forward, through ``unpack_visual_output``. Applied from :mod:`verl_ext.plugin` in every process (verl
+loads the plugin on ``import verl``, so in every worker before its first forward; verl's forwards look the function
+up in its module at each call, so the order of imports does not matter); idempotent.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import functools
 import torch
 
 NAME = "qwen2_vl_dummy_vision_output"
+# verl's own function, kept for the test that shows the assumption this patch lifts.
+VERLS_FUNCTION = None
 
 
 def apply() -> bool:
@@ -27,9 +32,11 @@ def apply() -> bool:
     from verl.models.transformers import qwen2_vl
     from verl.utils.transformers_compat import unpack_visual_output
 
+    global VERLS_FUNCTION
     original = qwen2_vl._get_input_embeds
-    if getattr(original, "_verl_ext_pgpo", False):
+    if getattr(original, "_verl_ext_patch", None) == NAME:
         return True
+    VERLS_FUNCTION = original
 
     @functools.wraps(original)
     def _get_input_embeds(
@@ -57,6 +64,6 @@ def apply() -> bool:
             attention_mask = attention_mask.to(inputs_embeds.device)
         return inputs_embeds, attention_mask
 
-    _get_input_embeds._verl_ext_pgpo = True
+    _get_input_embeds._verl_ext_patch = NAME
     qwen2_vl._get_input_embeds = _get_input_embeds
     return True
