@@ -34,7 +34,7 @@ setup(
         "k-means-constrained>=0.9",
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-timeout", "pytest-xdist", "ruff==0.17.*", "sentence-transformers"],
+        "test": ["pytest>=8", "pytest-timeout", "ruff==0.17.*", "sentence-transformers"],
         # MUPO's optional local embedding backend (mupo.embedding.backend=sentence_transformers).
         "embeddings-local": ["sentence-transformers"],
         # verl 0.9.1's own `vllm` extra: torch 2.11.0, torchvision 0.26.0, torchaudio 2.11.0, transformers 5.9.0,

@@ -4,18 +4,10 @@ import os
 
 import pytest
 
-# Session fixtures of tests/e2e/conftest.py: one launch each, shared by several modules.
-SHARED_LAUNCHES = frozenset({"tiny_diva_run", "tiny_diva_world1"})
-
 
 def pytest_collection_modifyitems(config, items):
     import torch
 
-    # With pytest-xdist (`-n 2 --dist loadgroup`, as CI runs the end-to-end launches): the tests of one module stay on
-    # one worker, and every test of the shared launches on the same one, so that no launch runs twice.
-    for item in items:
-        group = "shared_diva_launches" if SHARED_LAUNCHES & set(item.fixturenames) else item.module.__name__
-        item.add_marker(pytest.mark.xdist_group(group))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -10,6 +10,9 @@
 * **Storage a node cannot see.** The second node gets a disk of its own at the checkpoint folder
   (``LOCAL_NODE_PRIVATE_DIR``: an empty tmpfs in a mount namespace of its own): the job fails at its start, before
   any model loads, naming the node that cannot see the folder and what to set.
+
+The lost-node launch takes about 15 minutes on two cores: its tests are marked ``extended`` and CI leaves them out;
+run them on the main job's stack with ``-m extended``.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ def lost_node(tiny_diva_run):
     return {"dir": run_dir, "faults": fault_dir, "returncode": returncode, "output": output}
 
 
+@pytest.mark.extended  # CI time: run with -m extended (docs/reliability.md, "A lost node")
 def test_the_launcher_restarted_the_lost_node_then_the_job(lost_node):
     out = lost_node["output"]
     assert lost_node["returncode"] == 0, out[-8000:]
@@ -64,6 +68,7 @@ def test_the_launcher_restarted_the_lost_node_then_the_job(lost_node):
     )
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize(("fault", "attempt"), [("rollout_generate@1", 1), ("checkpoint_save@3", 2)])
 def test_each_loss_failed_the_job_in_bounded_time_naming_the_node(lost_node, fault, attempt):
     out = lost_node["output"]
@@ -76,6 +81,7 @@ def test_each_loss_failed_the_job_in_bounded_time_naming_the_node(lost_node, fau
     assert 0 <= (failed - killed).total_seconds() < LOST_NODE_BOUND_S
 
 
+@pytest.mark.extended  # CI time: run with -m extended (docs/reliability.md, "A lost node")
 def test_it_resumed_from_the_last_complete_checkpoint_and_logged_the_same_values(tiny_diva_run, lost_node):
     logs = sorted((lost_node["dir"] / "metrics").glob("*/*.jsonl"), key=lambda path: path.stat().st_mtime)
     assert [json.loads(path.read_text().splitlines()[0])["step"] for path in logs] == [0, 1, 2]

@@ -3,7 +3,10 @@ stopped logs (``tests/e2e/conftest.py``'s ``tiny_diva_world1``: one node, 3 step
 two-node cluster's faults (a lost node, storage a node cannot see) are in ``test_cluster_faults_on_cpu.py``.
 
 One launch of ``run_scripts/tiny_cpu.sh`` with ``MAX_RESTARTS=4`` and four faults (:mod:`verl_ext.faults`), each a
-SIGKILL, each once:
+SIGKILL, each once, and a failed rollout request:
+
+0. ``rollout_request@1``: the first request of step 2 fails once; the seeded agent loop sends it again with the same
+   params (its seed among them) and the same tokens come back: the job goes on, and the values below show it;
 
 1. ``checkpoint_save@2``: the trainer dies while saving step 2 (the difficulty state written, verl's model and
    marker not): the restart resumes from step 1, never from the partial ``global_step_2``;
@@ -37,9 +40,10 @@ from verl_ext.report.run import load_run
 
 pytestmark = [pytest.mark.gpu_stack, pytest.mark.timeout(1800)]
 
-FAULTS = "checkpoint_save@2,rollout_generate@2,after_difficulty_update@3,agent_loop_run@4"
+FAULTS = "rollout_request@1,checkpoint_save@2,rollout_generate@2,after_difficulty_update@3,agent_loop_run@4"
 # A dead rollout is found by the replay buffer's liveness check (every 10 s) and the job torn down: well within.
 DEAD_ROLLOUT_BOUND_S = 90
+RUN_UID = r"[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"  # verl_ext.rollout.seeds.prompt_uid
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +65,9 @@ def crashed(tiny_diva_world1):
         DIVA_FAULT_DIR=str(fault_dir),
     )
     (run_dir / "launcher.log").write_text(output)  # to read when a check fails
-    return {"dir": run_dir, "faults": fault_dir, "returncode": returncode, "output": output}
+    job_log = run_dir / "job.log"  # every attempt's whole output (the console shows the run's own lines and errors)
+    log = job_log.read_text() if job_log.exists() else ""
+    return {"dir": run_dir, "faults": fault_dir, "returncode": returncode, "output": output, "log": log}
 
 
 def test_the_launcher_restarted_the_job_until_it_finished(crashed):
@@ -83,6 +89,19 @@ def test_each_restart_resumed_from_the_last_complete_checkpoint(crashed):
     assert first_steps == [0, 1, 2, 2, 3]
     checkpoints = crashed["dir"] / "checkpoints"
     assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == str(DIVA_ALL_STEPS[-1])
+
+
+def test_a_request_that_failed_once_was_sent_again_with_the_same_params(crashed):
+    # The retry says what failed, where, and that it resends the same params; it never gave up. That the retried
+    # request brought back the same tokens is in the values compared below (step 2's rollouts, rewards, advantages).
+    text = crashed["output"] + crashed["log"]
+    assert re.search(
+        r"\[rollout\] request \S+ \(prompt " + RUN_UID + r" \(question [^)]+\), response \d+, step 2\) failed, "
+        r"attempt 1 of 3, replica hf_cpu_server_0_0 \(actor [0-9a-f]+.*InjectedRequestFault: injected fault "
+        r"rollout_request@1: request seed \d+ .* fails once; sending it again in 1 s with the same params",
+        text,
+    ), text[-8000:]
+    assert "[rollout] giving up" not in text
 
 
 @pytest.mark.parametrize(
