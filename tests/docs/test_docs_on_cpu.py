@@ -43,7 +43,9 @@ README_COMMAND_1 = (
     'pip install torch==2.14.1 torchvision==0.29.1 && pip install -e ".[test]" && python -m pytest tests -q -m '
     '"not gpu_stack"'
 )
-README_GPU_STACK = 'DIVA_REQUIRE_VLLM=1 ~/venvs/diva-vllm-cpu/bin/python -m pytest tests -q -m "gpu_stack and not extended"'
+README_GPU_STACK = (
+    'DIVA_REQUIRE_VLLM=1 ~/venvs/diva-vllm-cpu/bin/python -m pytest tests -q -m "gpu_stack and not extended"'
+)
 README_MAX_LINES = 250
 
 
