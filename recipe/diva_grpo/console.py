@@ -31,6 +31,8 @@ import time
 from collections import deque
 from contextlib import contextmanager, redirect_stdout
 
+from verl_ext.cluster.placement import PLACEMENT_PREFIX
+
 # Logger names (and their children) whose warnings and infos say nothing to a preflight user.
 QUIET_LOGGERS = ("transfer_queue", "py.warnings", "ray", "torchdata")
 FULL_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -376,6 +378,8 @@ class JobConsole:
         if _BLOCK_START.search(text):
             self._blocks.add(source)
             return line
+        if text.startswith(PLACEMENT_PREFIX):
+            return None  # the placement report's JSON, for tools: the log keeps it, its readable lines are shown
         if _TAG.search(text):
             return text
         if _ERROR.search(text) or (source or "").startswith(_RAY_OWN):

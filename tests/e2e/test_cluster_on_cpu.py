@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.gpu_stack, pytest.mark.timeout(1800)]
 
 
 def test_ranks_replicas_and_workers_spread_over_both_nodes(tiny_diva_run):
-    report = parse_placement(tiny_diva_run["output"])
+    report = parse_placement(tiny_diva_run["log"])  # its JSON line is in the job's log
     nodes = report["nodes"]
     assert len(nodes) == DIVA_NODES and sorted(n["name"] for n in nodes.values()) == ["head", "node-1"]
     assert all(n["ip"] == "127.0.0.1" and n["gpus"] == 1 for n in nodes.values())
@@ -34,7 +34,7 @@ def test_ranks_replicas_and_workers_spread_over_both_nodes(tiny_diva_run):
     assert groups["difficulty service"][0] in nodes
     assert report["trainer"]["gpus"] == []  # the trainer process takes no GPU a worker needs
     # The resumed trainer printed its own report (a second job run): the same shape.
-    assert tiny_diva_run["output"].count("[cluster] placement ") == 2
+    assert tiny_diva_run["log"].count("[cluster] placement ") == 2  # the log holds both launches (appended)
 
 
 def test_both_ranks_saved_their_shards_and_the_difficulty_state_once(tiny_diva_run):

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_launch import launch_tiny_cpu, sockets_off_loopback
+from tiny_launch import job_log, launch_tiny_cpu, sockets_off_loopback
 
 from verl_ext.cluster.placement import parse_placement
 
@@ -49,6 +49,7 @@ def run(tmp_path_factory, vllm_required):
         "dir": run_dir,
         "workdir": workdir,
         "output": output,
+        "log": job_log(run_dir),
         "summary": summary,
         "shm_left": set(glob.glob("/dev/shm/psm_*")) - shm_before,
         "sockets": sockets,
@@ -66,7 +67,7 @@ def test_vllms_servers_and_the_head_listen_on_loopback_only(run):
 
 
 def test_one_vllm_replica_per_node_beside_its_rank(run):
-    report = parse_placement(run["output"])
+    report = parse_placement(run["log"])  # its JSON line is in the job's log
     ranks, replicas = report["groups"]["training ranks"], report["groups"]["rollout replicas"]
     assert len(report["nodes"]) == NODES and len(set(ranks)) == NODES and replicas == ranks
     assert set(report["groups"]["agent-loop workers"]) == set(report["nodes"])

@@ -114,6 +114,7 @@ STREAM = (
     "\x1b[36m(DivaTaskRunner pid=29904)\x1b[0m step:0 - val-aux/diva_synth/reward/mean@1:np.float64(0.25) - "
     "val-core/diva_synth/acc/mean@1:np.float64(0.125) - val-aux/num_turns/min:np.int64(2)\n"
     "\x1b[36m(DivaTaskRunner pid=29904)\x1b[0m [cluster] training ranks: 0 head\n"
+    '\x1b[36m(DivaTaskRunner pid=29904)\x1b[0m [cluster] placement {"nodes": {"88c0": {"name": "head"}}}\n'
     "\x1b[36m(DivaTaskRunner pid=29904)\x1b[0m \n"
     "Training Progress:  50%|█████     | 1/2 [00:11<00:11, 11.44s/it]\n"
     "\x1b[36m(DivaTaskRunner pid=29904)\x1b[0m step:1 - actor/pg_loss:0.053 - diva/collapse_rate/local:0.25 - "
