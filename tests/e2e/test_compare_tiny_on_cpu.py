@@ -14,7 +14,8 @@ Why these numbers are robust to noise:
   summed in key order, and validation is greedy. Two runs on this machine log the same values (the hf_cpu runs of
   the shared e2e run: 345 of 345), so the figures below are what this test sees, not a draw from a distribution:
   they were the same on the development stack (torch 2.14.1, transformers 5.10.4) and on the main job's stack
-  (torch 2.11.0, transformers 5.9.0), where this test ran in 458 s.
+  (torch 2.11.0, transformers 5.9.0). The module takes about 17 minutes on two cores (a 6-minute warm start, then
+  two 8-step runs): it is marked ``extended``, which CI leaves out for time (run it with ``-m extended``).
 * The margins are wide for what would change them (a torch or transformers release that rounds differently, so
   other samples): measured, GRPO 0.562 and DIVA 0.203 mean zero-advantage fraction (8 questions per step: one
   question is 0.125, and the gap is almost three questions in every step); best validation accuracy 0.672 (GRPO)
@@ -43,7 +44,7 @@ STEPS, TEST_FREQ, SEED = 8, 2, 0
 
 # The main job's stack (gpu_stack: CI runs it in run_scripts/setup_vllm_cpu.sh's environment, as the other training
 # runs), where the figures in the module docstring were measured.
-pytestmark = [pytest.mark.gpu_stack, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.gpu_stack, pytest.mark.extended, pytest.mark.timeout(2400)]
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,7 @@ def compared(tmp_path_factory):
         env.pop(name, None)
     started = time.perf_counter()
     proc = subprocess.run(
-        ["bash", "run_scripts/compare_tiny.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=870
+        ["bash", "run_scripts/compare_tiny.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=2300
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     comparison = json.loads((out / "comparison.json").read_text())
@@ -111,5 +112,5 @@ def test_report_written(compared):
     assert (report / "report.md").exists()
     for figure in ("collapse_rate.png", "validation.png", "training.png", "variants.png"):
         assert (report / figure).exists(), figure
-    # CI budget of the whole module on 2 cores: 8 minutes (the fixture's wall time, printed with -s).
+    # The fixture's wall time (printed with -s): about 17 minutes on 2 cores.
     print(f"compare_tiny quick form: {compared['seconds']:.0f} s")
