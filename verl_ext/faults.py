@@ -74,9 +74,10 @@ def _mark(point: str, step: int) -> str:
     return os.path.join(folder, f"{point}@{step}.fired")
 
 
-def local_node_processes(node: str) -> list[int]:
+def local_node_processes(node: str, gcs_address: str | None = None) -> list[int]:
     """Pids of the local cluster's node named ``node``: its ``verl_ext.cluster.local_node`` launcher and all its
-    descendants (raylet, object store, workers), from ``/proc``."""
+    descendants (raylet, object store, workers), from ``/proc``. ``gcs_address`` (``127.0.0.1:<port>``): only the node
+    of that cluster (another local cluster on this machine may have a node of the same name)."""
     children: dict[int, list[int]] = {}
     roots = []
     for name in filter(str.isdigit, os.listdir("/proc")):
@@ -88,7 +89,11 @@ def local_node_processes(node: str) -> list[int]:
         except (OSError, IndexError, ValueError):
             continue
         children.setdefault(parent, []).append(int(name))
-        if b"verl_ext.cluster.local_node" in cmd and f"--node-name={node}".encode() in cmd:
+        if (
+            b"verl_ext.cluster.local_node" in cmd
+            and f"--node-name={node}".encode() in cmd
+            and (gcs_address is None or f"--address={gcs_address}".encode() in cmd)
+        ):
             roots.append(int(name))
     tree, stack = set(roots), list(roots)
     while stack:
@@ -97,6 +102,13 @@ def local_node_processes(node: str) -> list[int]:
                 tree.add(child)
                 stack.append(child)
     return sorted(tree)
+
+
+def _gcs_address() -> str | None:
+    """The GCS address of the Ray cluster this process belongs to (``None`` outside Ray)."""
+    import ray
+
+    return ray.get_runtime_context().gcs_address if ray.is_initialized() else None
 
 
 def _claim(mark: str, text: str) -> bool:
@@ -120,7 +132,7 @@ def inject(point: str, step: int) -> None:
     if (point, int(step)) not in armed:
         return
     node = armed[(point, int(step))]
-    victims = local_node_processes(node) if node else [os.getpid()]
+    victims = local_node_processes(node, _gcs_address()) if node else [os.getpid()]
     if not _claim(_mark(point, int(step)), f"pid {os.getpid()} kills {node or 'itself'}: {victims}\n"):
         return
     if node is None:

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 METHODS = ("grpo", "diva_grpo")
 STEPS, TEST_FREQ, SEED = 8, 2, 0
 
-# The main job's stack (gpu_stack: CI runs it in run_scripts/setup_vllm_cpu.sh's environment, as the other training
+# The main job's stack (gpu_stack: run in run_scripts/setup_vllm_cpu.sh's environment, as the other training
 # runs), where the figures in the module docstring were measured.
 pytestmark = [pytest.mark.gpu_stack, pytest.mark.extended, pytest.mark.timeout(2400)]
 

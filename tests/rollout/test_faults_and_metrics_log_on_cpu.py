@@ -53,6 +53,7 @@ def test_a_node_fault_kills_that_nodes_process_tree_once_and_runs_on(tmp_path):
             "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
             "time.sleep(120)",
             "verl_ext.cluster.local_node",
+            "--address=127.0.0.1:6001",
             "--node-name=node-7",
         ]
     )
@@ -62,6 +63,9 @@ def test_a_node_fault_kills_that_nodes_process_tree_once_and_runs_on(tmp_path):
             time.sleep(0.1)
         tree = local_node_processes("node-7")
         assert len(tree) == 2 and tree[0] == node.pid and local_node_processes("node-8") == []
+        # Another local cluster's node of the same name is not this cluster's.
+        assert local_node_processes("node-7", "127.0.0.1:6001") == tree
+        assert local_node_processes("node-7", "127.0.0.1:6002") == []
         code = "from verl_ext.faults import inject; inject('rollout_generate', 2); print('survived')"
         env = {**os.environ, FAULTS_ENV: "rollout_generate@2:node-7", FAULT_DIR_ENV: str(tmp_path)}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
