@@ -25,7 +25,11 @@ def alive_nodes(address: str) -> list[dict]:
             "head": bool(node.is_head_node),
             "gpus": int(node.resources_total.get("GPU", 0)),
         }
-        for node in list_nodes(address=address, filters=[("state", "=", "ALIVE")], limit=10_000)
+        # raise_on_missing_output off: Ray's check compares the filtered count with the total, so a cluster that
+        # lost a node (its dead entry stays in the table) would raise on every query.
+        for node in list_nodes(
+            address=address, filters=[("state", "=", "ALIVE")], limit=10_000, raise_on_missing_output=False
+        )
     ]
 
 
@@ -34,15 +38,16 @@ def wait_for_nodes(address: str, count: int, timeout_s: float, exact: bool = Fal
     counts its dead predecessor as alive for a few seconds); ``TimeoutError`` naming the ones seen otherwise."""
     deadline = time.monotonic() + timeout_s
     seen: list[dict] = []
+    error: Exception | None = None
 
     def done() -> bool:
         return len(seen) == count if exact else len(seen) >= count
 
     while True:
         try:
-            seen = alive_nodes(address)
-        except Exception:  # the dashboard answers a few seconds after the head starts
-            seen = []
+            seen, error = alive_nodes(address), None
+        except Exception as err:  # the dashboard answers a few seconds after the head starts
+            seen, error = [], err
         if done() or time.monotonic() > deadline:
             break
         time.sleep(1.0)
@@ -50,7 +55,7 @@ def wait_for_nodes(address: str, count: int, timeout_s: float, exact: bool = Fal
         names = ", ".join(n["name"] for n in seen) or "none"
         raise TimeoutError(
             f"{len(seen)} Ray nodes alive after {timeout_s:.0f} s, {'exactly ' if exact else ''}{count} wanted "
-            f"(alive: {names})"
+            f"(alive: {names})" + (f"; the last query failed: {type(error).__name__}: {error}" if error else "")
         )
     return seen
 

@@ -35,12 +35,18 @@ def placement(groups: dict[str, list]) -> dict:
             "head": bool(node.is_head_node),
             "gpus": int(node.resources_total.get("GPU", 0)),
         }
-        for node in list_nodes(address=address, filters=[("state", "=", "ALIVE")], limit=10_000)
+        # raise_on_missing_output off: Ray's check compares the filtered count with the total, so a cluster that
+        # lost a node (its dead entry stays in the table) would raise on every query.
+        for node in list_nodes(
+            address=address, filters=[("state", "=", "ALIVE")], limit=10_000, raise_on_missing_output=False
+        )
     }
     wanted = {_actor_id(h) for handles in groups.values() for h in handles}
     where = {
         actor.actor_id: actor.node_id
-        for actor in list_actors(address=address, filters=[("state", "=", "ALIVE")], limit=10_000)
+        for actor in list_actors(
+            address=address, filters=[("state", "=", "ALIVE")], limit=10_000, raise_on_missing_output=False
+        )
         if actor.actor_id in wanted
     }
     return {
