@@ -17,6 +17,8 @@
 #                                                    # training ranks (FSDP over gloo), two rollout replicas
 #   GPUS_PER_NODE=2 bash run_scripts/tiny_cpu.sh     # world size 2 on one node
 #   ROLLOUT=vllm GPUS_PER_NODE=2 TP=2 bash run_scripts/tiny_cpu.sh   # one vLLM replica, tensor parallel 2
+#   WITHOUT="global_stream rrb" bash run_scripts/tiny_cpu.sh   # DIVA-GRPO with additions removed (verl_ext/cpu/
+#                                                    # ablations.py; WITHOUT=all: verl's GRPO in the DIVA trainer)
 # ROLLOUT=vllm needs the GPU stack's environment first on PATH: bash run_scripts/setup_vllm_cpu.sh DIR, then
 # PATH="DIR/bin:$PATH". WORKDIR (default outputs/tiny_cpu) keeps the tiny model and data between launches; each
 # launch writes its checkpoints, metrics and actor-input records to a fresh RUN_DIR inside it. Extra Hydra overrides
@@ -53,7 +55,7 @@ mkdir -p "$RUN_DIR"
 # One source for the settings (verl_ext/cpu/launch.py): builds the model and data once, prints the overrides
 # (ROLLOUT=vllm: those the GPU launcher has no variable for, and the launcher's variables in launcher_env.txt).
 python -m verl_ext.cpu.launch --workdir "$WORKDIR" --run-dir "$RUN_DIR" --method "$METHOD" --steps "$STEPS" \
-  --save-freq "$SAVE_FREQ" --rollout "$ROLLOUT" --nodes "$NODES" --gpus-per-node "$GPUS_PER_NODE" --tp "$TP" \
+  --save-freq "$SAVE_FREQ" --without "${WITHOUT:-}" --rollout "$ROLLOUT" --nodes "$NODES" --gpus-per-node "$GPUS_PER_NODE" --tp "$TP" \
   --launcher-env-out "$RUN_DIR/launcher_env.txt" \
   --runtime-env-out "$RUN_DIR/runtime_env.yaml" >"$RUN_DIR/overrides.txt"
 mapfile -t ARGS <"$RUN_DIR/overrides.txt"

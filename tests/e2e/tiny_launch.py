@@ -28,6 +28,7 @@ CLEARED = (
     "NODES",
     "GPUS_PER_NODE",
     "TP",
+    "WITHOUT",
     "VERBOSE",
     "DIVA_JOB_LOG",
 )

@@ -171,27 +171,37 @@ def worker_overrides(shape: ClusterShape, responses_per_step: int) -> list[str]:
     ]
 
 
-def method_overrides(method: str, questions: int, rollout_n: int) -> list[str]:
+def method_overrides(method: str, questions: int, rollout_n: int, without: tuple[str, ...] = ()) -> list[str]:
     """What differs between methods: estimator, trainer, dataset, prompts per step and responses per prompt.
 
     Every method gets ``2 * rollout_n`` responses per question: DIVA as 2 prompts (original + variant) x n, the
-    others as 1 prompt x 2n (verl's dataset, no variants), as the GPU launchers do.
+    others as 1 prompt x 2n (verl's dataset, no variants), as the GPU launchers do. ``without``: DIVA-GRPO's
+    additions removed (:mod:`verl_ext.cpu.ablations`; DIVA only); without ``variants`` its one prompt per question
+    gets the 2n responses.
     """
+    from verl_ext.cpu.ablations import addition_overrides, checked_additions
+
+    without = checked_additions(without)
     if _is_diva(_checked_method(method)):
         estimator, trainer_mode = "diva_grpo", "diva_grpo"
     else:
         from verl_ext.methods import get_method
 
+        if without:
+            removed = " ".join(without)
+            raise ValueError(f"--without {removed}: only DIVA-GRPO's additions can be removed, not {method}'s")
         estimator, trainer_mode = method, get_method(method).trainer_mode
     if trainer_mode == "diva_grpo":
-        prompts = 2 * questions
+        variants = 0 if "variants" in without else 1
+        prompts = (1 + variants) * questions
         return [
             f"algorithm.adv_estimator={estimator}",
             "trainer.v1.trainer_mode=diva_grpo",
-            "diva.variants.variants_per_question=1",
+            f"diva.variants.variants_per_question={variants}",
             f"data.train_batch_size={prompts}",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={prompts}",
-            f"actor_rollout_ref.rollout.n={rollout_n}",
+            f"actor_rollout_ref.rollout.n={2 * rollout_n // (1 + variants)}",
+            *addition_overrides(without),
         ]
     return [
         *_mupo_overrides(method, rollout_n),
@@ -224,6 +234,7 @@ def cpu_overrides(
     test_freq: int | None = None,
     seed: int = 0,
     shape: ClusterShape = ClusterShape(),
+    without: tuple[str, ...] = (),
 ) -> list[str]:
     """Hydra overrides of a tiny CPU run (see the module docstring).
 
@@ -232,13 +243,13 @@ def cpu_overrides(
     before training and every ``test_freq`` steps (default: at the last step), greedy (temperature 0: the same
     answers for the same weights, so curves move only when the policy does). ``seed`` seeds the data order, the
     variant draws and the rollout sampling. ``shape``: the cluster's nodes and GPUs per node
-    (:func:`cluster_overrides`).
+    (:func:`cluster_overrides`). ``without``: DIVA-GRPO's additions removed (:mod:`verl_ext.cpu.ablations`).
 
     ``ray_init``: the entry point starts Ray itself (a test); then it gets one logical GPU, 16 logical CPUs
     (TransferQueue's storage actors) and :data:`verl_ext.cpu.CPU_ENV` for every process. Under ``ray job submit``
     the head was started with those (``run_scripts/tiny_cpu.sh``) and ``ray_init=False``.
     """
-    args = method_overrides(method, questions, rollout_n) + [
+    args = method_overrides(method, questions, rollout_n, without) + [
         f"data.train_files={paths['train']}",
         f"data.val_files={paths['val']}",
         "data.max_prompt_length=1024",
@@ -546,6 +557,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--save-freq", type=int, default=None, help="trainer.save_freq (default: --steps)")
     parser.add_argument("--questions", type=int, default=2, help="questions per step")
     parser.add_argument("--rollout-n", type=int, default=4, help="responses per DIVA prompt (GRPO: twice as many)")
+    parser.add_argument(
+        "--without",
+        default="",
+        help="DIVA-GRPO's additions to remove, space-separated (verl_ext.cpu.ablations.ADDITIONS, or 'all')",
+    )
     parser.add_argument("--nodes", type=int, default=1, help="Ray nodes of the local cluster (trainer.nnodes)")
     parser.add_argument("--gpus-per-node", type=int, default=1, help="logical GPUs (training ranks) per node")
     parser.add_argument("--tp", type=int, default=1, help="rollout tensor parallel size (vLLM only)")
@@ -560,8 +576,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--launcher-env-out", default=None, help="--rollout vllm: write the launcher's variables here")
     args = parser.parse_args(argv)
     shape = ClusterShape(args.nodes, args.gpus_per_node, args.tp)
+    without = tuple(args.without.split())
     try:
         shape.check(args.rollout)
+        method_overrides(args.method, args.questions, args.rollout_n, without)
     except ValueError as err:
         parser.error(str(err))
     paths = prepare(args.workdir)
@@ -596,6 +614,7 @@ def main(argv: list[str] | None = None) -> int:
         experiment=f"tiny_cpu_{args.method}",
         ray_init=args.ray_init,
         shape=shape,
+        without=without,
     )
     if args.runtime_env_out:
         import yaml
