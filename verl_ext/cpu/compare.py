@@ -92,12 +92,28 @@ def prepare_swatch(workdir: str, seed: int = 0) -> dict:
 
 
 def method_run(
-    method: str, paths: dict, out: Path, *, steps: int, test_freq: int, seed: int, questions: int, rollout_n: int
+    method: str,
+    paths: dict,
+    out: Path,
+    *,
+    steps: int,
+    test_freq: int,
+    seed: int,
+    questions: int,
+    rollout_n: int,
+    run_dir: Path | None = None,
+    without: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (),
+    val_samples: int | None = None,
 ) -> dict:
-    """Train ``method`` into ``out/<method>`` with the launchers' submit script; returns its wall time."""
+    """Train ``method`` into ``run_dir`` (default ``out/<method>``) with the launchers' submit script; returns its
+    wall time. ``without``: DIVA-GRPO's additions removed (:mod:`verl_ext.cpu.ablations`); ``extra``: Hydra
+    overrides appended (a released option); ``val_samples``: ``paths["val"]`` is a
+    :func:`data_prep.validation_views` file, validated with the paper's sampling (temperature 0.6, top-p 0.95:
+    the recipe's ``val_kwargs``) ``val_samples`` times per question beside its greedy copy; ``None``: greedy only."""
     from verl_ext.cpu.launch import cpu_overrides, runtime_env
 
-    run_dir = out / method
+    run_dir = run_dir or out / method
     run_dir.mkdir(parents=True, exist_ok=True)
     args = cpu_overrides(
         paths,
@@ -108,14 +124,23 @@ def method_run(
         questions=questions,
         rollout_n=rollout_n,
         response_length=SWATCH_RESPONSE_LENGTH,
-        experiment=f"compare_{method}",
+        experiment=f"compare_{run_dir.name}",
         ray_init=False,
         reward="paper",
         test_freq=test_freq,
         seed=seed,
         lr=RL_LR,
+        without=without,
     )
+    if val_samples is not None:
+        # verl's sampling for the whole pass is the recipe's val_kwargs (0.6, 0.95); greedy rows say so themselves.
+        args = [a for a in args if not a.startswith("actor_rollout_ref.rollout.val_kwargs.")]
+        args += [
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+            f"actor_rollout_ref.rollout.val_kwargs.n={val_samples}",
+        ]
     args.append(f"actor_rollout_ref.rollout.temperature={ROLLOUT_TEMPERATURE}")
+    args += list(extra)
     import yaml
 
     env_file = run_dir / "runtime_env.yaml"
@@ -141,7 +166,9 @@ def method_run(
     seconds = time.perf_counter() - started
     if proc.returncode != 0:
         tail = (run_dir / "train.log").read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"{method}: training failed (exit {proc.returncode}); {run_dir / 'train.log'} ends:\n{tail}")
+        raise RuntimeError(
+            f"{run_dir.name}: training failed (exit {proc.returncode}); {run_dir / 'train.log'} ends:\n{tail}"
+        )
     return {"seconds": seconds}
 
 

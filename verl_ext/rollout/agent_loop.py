@@ -18,6 +18,11 @@ their requests is retried on its own.
 It is registered with verl's agent-loop registry by configuration (``rollout.agent.agent_loop_config_path``, the
 recipe's ``config/agent_loops.yaml``) and made the default loop by ``rollout.agent.default_agent_loop``; the agent
 loop workers build it by its dotted path. Subclasses change the request through :meth:`request_sampling_params`.
+
+A validation row may ask for greedy decoding whatever ``rollout.val_kwargs`` says: its ``validation_sampling``
+column is ``"greedy"`` (:mod:`data_prep.validation_views`, which pairs each question's greedy copy with a sampled
+one, so that one validation pass reports both; verl takes the sampling params from ``val_kwargs`` for the whole
+pass). It gets verl's own greedy params (``verl.trainer.ppo.v1.agent_loop_tq.apply_greedy_sampling_params``).
 """
 
 from __future__ import annotations
@@ -25,12 +30,16 @@ from __future__ import annotations
 from typing import Any
 
 from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
+from verl.trainer.ppo.v1.agent_loop_tq import apply_greedy_sampling_params
 
 from verl_ext import faults
 from verl_ext.rollout.request_retry import RetryingClient
 from verl_ext.rollout.seeds import content_key, is_run_uid, request_seed
 
 AGENT_LOOP_NAME = "seeded_single_turn_agent"
+# A row's column that asks for greedy decoding (value GREEDY), see the module docstring.
+VALIDATION_SAMPLING = "validation_sampling"
+GREEDY = "greedy"
 
 
 def request_place(kwargs: dict[str, Any]) -> tuple[int, str, int]:
@@ -56,6 +65,8 @@ class SeededSingleTurnAgentLoop(SingleTurnAgentLoop):
         step, key, response = request_place(kwargs)
         params = dict(sampling_params)
         params["seed"] = request_seed(int(self.rollout_config.seed), step, key, response)
+        if kwargs.get(VALIDATION_SAMPLING) == GREEDY:
+            apply_greedy_sampling_params(params)
         return params
 
     async def run(self, sampling_params: dict[str, Any], **kwargs):

@@ -1,0 +1,73 @@
+"""The seed sweep's table (verl_ext.cpu.sweep.summarise) from run folders written as the sweep leaves them,
+against numbers worked out by hand: best and final accuracy over seeds, paired differences from GRPO at the same
+seed, steps to GRPO's best, the zero-advantage fraction and responses; an unfinished run is left out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from report_fixtures import write_log
+
+from verl_ext.cpu.sweep import CONFIGS, run_dir, summarise, table_lines
+
+STEPS = (0, 2, 4)
+
+
+def _run(out, config, seed, sampled, greedy, zero, responses_per_question=8, done=True):
+    folder = run_dir(out, config, seed)
+    prefix = "diva" if CONFIGS[config].method == "diva_grpo" else CONFIGS[config].method
+    records = []
+    for step in range(0, STEPS[-1] + 1):
+        data = {}
+        if step in STEPS:
+            i = STEPS.index(step)
+            data["val-core/diva_swatch_sampled/acc/mean@4"] = sampled[i]
+            data["val-core/diva_swatch_greedy/acc/mean@1"] = greedy[i]
+        if step > 0:
+            data["actor/pg_loss"] = 0.01
+            data[f"{prefix}/advantage/zero_fraction"] = zero[step - 1]
+        records.append((step, data))
+    write_log(folder / "metrics" / "proj" / "run.jsonl", records)
+    if done:
+        record = {"config": config, "seed": seed, "minutes": 3.0, "responses_per_question": responses_per_question}
+        (folder / "done.json").write_text(json.dumps(record))
+
+
+def test_table_pairs_each_configuration_with_grpo_by_seed(tmp_path):
+    _run(tmp_path, "grpo", 0, [0.3, 0.5, 0.6], [0.25, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5])
+    _run(tmp_path, "grpo", 1, [0.3, 0.4, 0.4], [0.25, 0.25, 0.5], [0.6, 0.6, 0.6, 0.6])
+    _run(tmp_path, "diva_grpo", 0, [0.3, 0.6, 0.55], [0.25, 0.5, 0.5], [0.2, 0.2, 0.2, 0.2])
+    _run(tmp_path, "diva_grpo", 1, [0.3, 0.35, 0.38], [0.25, 0.25, 0.25], [0.1, 0.3, 0.1, 0.3])
+    _run(tmp_path, "diva_no_rrb", 0, [0.3, 0.3, 0.3], [0.25, 0.25, 0.25], [0, 0, 0, 0], done=False)
+    _run(tmp_path, "grpo_2x", 0, [0.3, 0.7, 0.7], [0.25, 0.75, 0.75], [0.4] * 4, responses_per_question=16)
+
+    summary = summarise(tmp_path, ["grpo", "diva_grpo", "diva_no_rrb", "grpo_2x"], [0, 1])
+    table = summary["table"]
+    assert list(table) == ["grpo", "diva_grpo", "grpo_2x"]  # the unfinished run is not in the table
+    diva = table["diva_grpo"]
+    assert diva["seeds"] == [0, 1]
+    assert diva["best_sampled"] == {"mean": 0.49, "min": 0.38, "max": 0.6, "n": 2}
+    assert diva["final_sampled"] == {"mean": pytest.approx(0.465), "min": 0.38, "max": 0.55, "n": 2}
+    assert diva["best_greedy"]["mean"] == pytest.approx(0.375)
+    # Paired: seed 0 best 0.6 - 0.6 = 0, seed 1 0.38 - 0.4 = -0.02; final 0.55 - 0.6, 0.38 - 0.4.
+    assert diva["best_sampled_minus_grpo"] == {"mean": -0.01, "min": -0.02, "max": 0.0, "n": 2}
+    assert diva["final_sampled_minus_grpo"]["mean"] == pytest.approx(-0.035)
+    # GRPO's best: 0.6 (seed 0) reached by DIVA at step 2; 0.4 (seed 1) never reached by DIVA (0.38).
+    assert diva["steps_to_grpo_best"] == {"per_seed": {"0": 2, "1": None}, "reached": 1}
+    assert diva["zero_advantage_fraction"]["mean"] == pytest.approx(0.2)
+    assert diva["responses"]["mean"] == 4 * 8 * 8  # steps x questions per step x responses per question
+    assert table["grpo_2x"]["responses"]["mean"] == 4 * 8 * 16
+    assert table["grpo"]["best_sampled_minus_grpo"] == {"mean": 0.0, "min": 0.0, "max": 0.0, "n": 2}
+    lines = table_lines(table)
+    assert len(lines) == 4 and lines[2].startswith("diva_grpo") and "1/2 ~2" in lines[2]
+
+
+def test_a_run_without_both_validations_is_named(tmp_path):
+    folder = run_dir(tmp_path, "grpo", 0)
+    write_log(folder / "metrics" / "p" / "r.jsonl", [(0, {"val-core/diva_swatch/acc/mean@1": 0.3})])
+    (folder / "done.json").write_text(
+        json.dumps({"config": "grpo", "seed": 0, "minutes": 1, "responses_per_question": 8})
+    )
+    with pytest.raises(ValueError, match=r"seed0: no \['greedy', 'sampled'\] validation"):
+        summarise(tmp_path, ["grpo"], [0])

@@ -1,0 +1,345 @@
+"""DIVA-GRPO's additions and every method over seeds, on the swatch task: ``run_scripts/sweep_tiny.sh`` runs this.
+
+One warm start and one task (:func:`verl_ext.cpu.compare.prepare_swatch`, seed 0: the same model, training and
+validation questions for every run); each configuration of :data:`CONFIGS` trains from it once per seed, the seed
+setting the data order, the variant draws and every rollout sample (:mod:`verl_ext.rollout.seeds`): at one seed all
+configurations get the same per-request random draws, so a configuration's difference from GRPO at the same seed
+(paired) is far less noisy than either run. Validation (:mod:`data_prep.validation_views`): each held-out question
+greedily and ``val_samples`` times with the paper's sampling (temperature 0.6, top-p 0.95), before training and
+every ``test_freq`` steps.
+
+Runs go to ``OUT/<config>/seed<k>/``; a run that finished has ``OUT/<config>/seed<k>/done.json`` and is not run
+again, so an interrupted sweep resumes where it stopped (a run cut short is started afresh). ``OUT/sweep.json``
+holds the table (:func:`summarise`), ``OUT/sweep_sampled.png`` and ``OUT/sweep_greedy.png`` the curves (mean and
+min-max band over seeds, one panel per configuration, GRPO in grey in each); the last line printed is the table's
+JSON.
+
+Per configuration, over the seeds that finished: best and final validation accuracy (sampled and greedy), the
+steps to GRPO's best at the same seed (sampled validation), the mean zero-advantage fraction, the responses trained
+on, and the paired difference from GRPO (same seed) of the best and final sampled accuracy; each as mean, min and
+max over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from verl_ext.cpu.compare import QUESTIONS_PER_STEP, method_run, prepare_swatch
+
+VAL_SAMPLES = 4  # the paper's "mean over k samples per question", k small enough for two CPU cores
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """One configuration: the method, DIVA-GRPO's additions removed, extra overrides, and the responses per question
+    as a multiple of the comparison's ``2 n``."""
+
+    method: str
+    without: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
+    budget: int = 1
+    note: str = ""
+    tags: tuple[str, ...] = field(default=())
+
+
+# In the order they run (each for every seed before the next), most informative first: GRPO at n and 2n, DIVA-GRPO
+# with the paper's defaults, DIVA-GRPO without each addition, the authors' released options, the toolkit's methods.
+CONFIGS: dict[str, SweepConfig] = {
+    "grpo": SweepConfig("grpo", note="verl's GRPO, 2n responses per question (the baseline)"),
+    "diva_grpo": SweepConfig("diva_grpo", note="DIVA-GRPO, the paper's defaults"),
+    "grpo_2x": SweepConfig("grpo", budget=2, note="verl's GRPO with twice the responses per question (4n)"),
+    "diva_no_variants": SweepConfig("diva_grpo", without=("variants",), note="no variants: 2n on the original"),
+    "diva_no_global_stream": SweepConfig("diva_grpo", without=("global_stream",), note="global_coef=0"),
+    "diva_no_difficulty_weighting": SweepConfig("diva_grpo", without=("difficulty_weighting",), note="k=0"),
+    "diva_no_batch_norm": SweepConfig("diva_grpo", without=("batch_norm",), note="batch_norm=false"),
+    "diva_no_rrb": SweepConfig("diva_grpo", without=("rrb",), note="rrb=false"),
+    "diva_binned_rule": SweepConfig(
+        "diva_grpo",
+        extra=("diva.difficulty.rule=binned", "diva.difficulty.alpha_source=reward"),
+        note="the released difficulty update: five bins of the mean reward",
+    ),
+    "diva_released_planner": SweepConfig(
+        "diva_grpo", extra=("diva.variants.planner=released",), note="the released variant planner"
+    ),
+    "avspo": SweepConfig("avspo"),
+    "codapo": SweepConfig("codapo"),
+    "durian": SweepConfig("durian"),
+    "pgpo": SweepConfig("pgpo"),
+    "mupo": SweepConfig("mupo"),
+    "noise_contrastive_grpo": SweepConfig("noise_contrastive_grpo"),
+}
+BASELINE = "grpo"
+
+
+def run_dir(out: Path, config: str, seed: int) -> Path:
+    return out / config / f"seed{seed}"
+
+
+def run_config(
+    out: Path, config: str, seed: int, paths: dict, *, steps: int, test_freq: int, questions: int, rollout_n: int
+) -> dict:
+    """Train ``config`` at ``seed`` unless it finished before; returns its ``done.json``."""
+    folder = run_dir(out, config, seed)
+    done = folder / "done.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    if folder.exists():  # cut short: its metrics would mix two attempts
+        shutil.rmtree(folder)
+    spec = CONFIGS[config]
+    timing = method_run(
+        spec.method,
+        paths,
+        out,
+        steps=steps,
+        test_freq=test_freq,
+        seed=seed,
+        questions=questions,
+        rollout_n=rollout_n * spec.budget,
+        run_dir=folder,
+        without=spec.without,
+        extra=spec.extra,
+        val_samples=VAL_SAMPLES,
+    )
+    record = {
+        "config": config,
+        "seed": seed,
+        "minutes": round(timing["seconds"] / 60, 2),
+        "responses_per_question": 2 * rollout_n * spec.budget,
+    }
+    # Checkpoints are not needed once the run finished (a few hundred MB each run, 16 x 3 runs).
+    shutil.rmtree(folder / "checkpoints", ignore_errors=True)
+    done.write_text(json.dumps(record))
+    return record
+
+
+def _stats(values: list[float]) -> dict | None:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {
+        "mean": round(sum(values) / len(values), 4),
+        "min": round(min(values), 4),
+        "max": round(max(values), 4),
+        "n": len(values),
+    }
+
+
+def run_figures(folder: Path) -> dict:
+    """One run's figures: validation curves (sampled and greedy), zero-advantage fraction, responses trained on."""
+    from verl_ext.methods import get_method
+    from verl_ext.report.run import load_run
+    from verl_ext.report.series import series, validation_series
+
+    done = json.loads((folder / "done.json").read_text())
+    spec = CONFIGS[done["config"]]
+    log = load_run(folder).log
+    curves = {}
+    for source, (steps, values) in validation_series(log).items():
+        for view in ("greedy", "sampled"):
+            if source.endswith(f"_{view}"):
+                curves[view] = ([int(s) for s in steps], [float(v) for v in values])
+    missing = {"greedy", "sampled"} - set(curves)
+    if missing:
+        raise ValueError(f"{folder}: no {sorted(missing)} validation in its metrics (is the validation file a view?)")
+    prefix = get_method(spec.method).prefix
+    _, zero = series(log, f"{prefix}/advantage/zero_fraction")
+    trained = [s for s, values in log.steps.items() if "actor/pg_loss" in values]
+    return {
+        "curves": curves,
+        "zero_advantage_fraction": float(sum(zero) / len(zero)) if len(zero) else None,
+        "steps": len(trained),
+        "responses": len(trained) * QUESTIONS_PER_STEP * done["responses_per_question"],
+        "minutes": done["minutes"],
+    }
+
+
+def _first_reaching(curve: tuple[list[int], list[float]], target: float) -> int | None:
+    for step, value in zip(*curve, strict=True):
+        if value >= target - 1e-9:
+            return step
+    return None
+
+
+def summarise(out: Path, configs: list[str], seeds: list[int]) -> dict:
+    """The sweep's table from the finished runs under ``out`` (module docstring)."""
+    runs = {
+        c: {s: run_figures(run_dir(out, c, s)) for s in seeds if (run_dir(out, c, s) / "done.json").exists()}
+        for c in configs
+    }
+    base = runs.get(BASELINE, {})
+    table = {}
+    for config, by_seed in runs.items():
+        if not by_seed:
+            continue
+        row: dict = {"seeds": sorted(by_seed), "note": CONFIGS[config].note}
+        for view in ("sampled", "greedy"):
+            row[f"best_{view}"] = _stats([max(f["curves"][view][1]) for f in by_seed.values()])
+            row[f"final_{view}"] = _stats([f["curves"][view][1][-1] for f in by_seed.values()])
+        row["zero_advantage_fraction"] = _stats([f["zero_advantage_fraction"] for f in by_seed.values()])
+        row["responses"] = _stats([f["responses"] for f in by_seed.values()])
+        row["minutes"] = _stats([f["minutes"] for f in by_seed.values()])
+        paired = [s for s in by_seed if s in base]
+        if paired:
+            steps_to = []
+            for s in paired:
+                reached = _first_reaching(by_seed[s]["curves"]["sampled"], max(base[s]["curves"]["sampled"][1]))
+                steps_to.append(reached)
+            row["steps_to_grpo_best"] = {
+                "per_seed": dict(zip(map(str, paired), steps_to, strict=True)),
+                "reached": sum(x is not None for x in steps_to),
+            }
+            for what, pick in (("best", max), ("final", lambda v: v[-1])):
+                diffs = [
+                    pick(by_seed[s]["curves"]["sampled"][1]) - pick(base[s]["curves"]["sampled"][1]) for s in paired
+                ]
+                row[f"{what}_sampled_minus_grpo"] = _stats(diffs)
+        table[config] = row
+    return {"runs": runs, "table": table}
+
+
+def figures(out: Path, summary: dict) -> list[str]:
+    """The sweep's curves (sampled and greedy validation) as PNGs in ``out``; returns their paths."""
+    import matplotlib.pyplot as plt
+
+    from verl_ext.report.figures import sweep_figure
+
+    written = []
+    for view in ("sampled", "greedy"):
+        curves = {
+            config: {int(seed): tuple(f["curves"][view]) for seed, f in by_seed.items()}
+            for config, by_seed in summary["runs"].items()
+            if by_seed
+        }
+        if not curves:
+            continue
+        how = f"mean of {VAL_SAMPLES} samples, T=0.6" if view == "sampled" else "greedy"
+        label = f"validation accuracy ({how})"
+        figure, _ = sweep_figure(curves, BASELINE, f"swatch task, {view} validation, mean and range over seeds", label)
+        path = out / f"sweep_{view}.png"
+        figure.savefig(path, bbox_inches="tight")
+        plt.close(figure)
+        written.append(str(path))
+    return written
+
+
+def _fmt(stats: dict | None, digits: int = 3) -> str:
+    if stats is None:
+        return "-"
+    if stats["n"] == 1:
+        return f"{stats['mean']:.{digits}f}"
+    return f"{stats['mean']:.{digits}f} [{stats['min']:.{digits}f}, {stats['max']:.{digits}f}]"
+
+
+def table_lines(table: dict) -> list[str]:
+    """The table as text: one line per configuration, mean [min, max] over seeds."""
+    head = (
+        f"{'configuration':<30} {'seeds':>5} {'best (sampled)':>22} {'final (sampled)':>22} {'best (greedy)':>22} "
+        f"{'best - GRPO (paired)':>24} {'zero-adv':>8} {'to GRPO best':>12}"
+    )
+    lines = [head]
+    for config, row in table.items():
+        reached = row.get("steps_to_grpo_best")
+        steps_to = "-"
+        if reached:
+            got = [v for v in reached["per_seed"].values() if v is not None]
+            steps_to = f"{reached['reached']}/{len(reached['per_seed'])}" + (
+                f" ~{sum(got) / len(got):.0f}" if got else ""
+            )
+        zero = row["zero_advantage_fraction"]
+        lines.append(
+            f"{config:<30} {len(row['seeds']):>5} {_fmt(row['best_sampled']):>22} {_fmt(row['final_sampled']):>22} "
+            f"{_fmt(row['best_greedy']):>22} {_fmt(row.get('best_sampled_minus_grpo')):>24} "
+            f"{(zero['mean'] if zero else float('nan')):>8.3f} {steps_to:>12}"
+        )
+    return lines
+
+
+def sweep(
+    out: Path,
+    configs: list[str],
+    seeds: list[int],
+    *,
+    steps: int,
+    test_freq: int,
+    questions: int = QUESTIONS_PER_STEP,
+    rollout_n: int = 4,
+    workdir: Path | None = None,
+) -> dict:
+    """Run every configuration at every seed (skipping finished runs), then write the table and the figures."""
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        raise ValueError(f"CONFIGS: unknown {unknown}; known: {list(CONFIGS)}")
+    if BASELINE not in configs:
+        raise ValueError(f"CONFIGS must include {BASELINE!r}: every difference is paired with it by seed")
+    out.mkdir(parents=True, exist_ok=True)
+    paths = prepare_swatch(str(workdir or out / "work"), seed=0)
+    views = Path(paths["val"]).with_name(Path(paths["val"]).stem + f"_views{VAL_SAMPLES}.parquet")
+    if not views.exists():
+        from data_prep.validation_views import validation_views
+
+        validation_views(paths["val"], views, VAL_SAMPLES)
+    paths = {**paths, "val": str(views)}
+    total, started = len(configs) * len(seeds), time.perf_counter()
+    for i, (config, seed) in enumerate((c, s) for c in configs for s in seeds):
+        finished = (run_dir(out, config, seed) / "done.json").exists()
+        print(f"[sweep] {i + 1}/{total} {config} seed {seed}" + (" (done before)" if finished else ""), flush=True)
+        record = run_config(
+            out, config, seed, paths, steps=steps, test_freq=test_freq, questions=questions, rollout_n=rollout_n
+        )
+        if not finished:
+            elapsed = (time.perf_counter() - started) / 60
+            print(f"[sweep]   {record['minutes']} min; {elapsed:.1f} min since the sweep started", flush=True)
+    summary = summarise(out, configs, seeds)
+    summary["settings"] = {
+        "steps": steps,
+        "test_freq": test_freq,
+        "questions_per_step": questions,
+        "responses_per_question": 2 * rollout_n,
+        "val_samples": VAL_SAMPLES,
+        "seeds": seeds,
+        "warm_start_val_accuracy": paths["warm_start"]["val_accuracy"],
+    }
+    (out / "sweep.json").write_text(json.dumps(summary, indent=1))
+    summary["figures"] = figures(out, summary)
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, type=Path, help="output folder (runs, sweep.json, figures)")
+    parser.add_argument("--configs", default=" ".join(CONFIGS), help="configurations (verl_ext.cpu.sweep.CONFIGS)")
+    parser.add_argument("--seeds", default="0 1 2", help="seeds, space-separated")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--test-freq", type=int, default=4, help="validate every this many steps (and before)")
+    parser.add_argument("--rollout-n", type=int, default=4, help="responses per DIVA prompt (others: twice as many)")
+    parser.add_argument("--workdir", type=Path, default=None, help="tiny model, data and warm start (default OUT/work)")
+    parser.add_argument("--summary-only", action="store_true", help="tabulate the finished runs; train nothing")
+    args = parser.parse_args(argv)
+    configs, seeds = args.configs.split(), [int(s) for s in args.seeds.split()]
+    if args.summary_only:
+        summary = summarise(args.out, configs, seeds)
+        summary["figures"] = figures(args.out, summary)
+    else:
+        summary = sweep(
+            args.out,
+            configs,
+            seeds,
+            steps=args.steps,
+            test_freq=args.test_freq,
+            rollout_n=args.rollout_n,
+            workdir=args.workdir,
+        )
+    for line in table_lines(summary["table"]):
+        print(line)
+    print(json.dumps(summary["table"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
