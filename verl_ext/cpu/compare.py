@@ -124,7 +124,7 @@ def method_run(
         questions=questions,
         rollout_n=rollout_n,
         response_length=SWATCH_RESPONSE_LENGTH,
-        experiment=f"compare_{run_dir.name}",
+        experiment=f"compare_{run_dir.relative_to(out).as_posix().replace('/', '_')}",
         ray_init=False,
         reward="paper",
         test_freq=test_freq,

@@ -48,17 +48,18 @@ class SweepConfig:
     tags: tuple[str, ...] = field(default=())
 
 
-# In the order they run (each for every seed before the next), most informative first: GRPO at n and 2n, DIVA-GRPO
-# with the paper's defaults, DIVA-GRPO without each addition, the authors' released options, the toolkit's methods.
+# In the order they run (each for every seed before the next), most informative first: GRPO, DIVA-GRPO with the
+# paper's defaults, DIVA-GRPO without each addition, GRPO with twice the responses (the slowest run), the authors'
+# released options, the toolkit's methods.
 CONFIGS: dict[str, SweepConfig] = {
     "grpo": SweepConfig("grpo", note="verl's GRPO, 2n responses per question (the baseline)"),
     "diva_grpo": SweepConfig("diva_grpo", note="DIVA-GRPO, the paper's defaults"),
-    "grpo_2x": SweepConfig("grpo", budget=2, note="verl's GRPO with twice the responses per question (4n)"),
     "diva_no_variants": SweepConfig("diva_grpo", without=("variants",), note="no variants: 2n on the original"),
     "diva_no_global_stream": SweepConfig("diva_grpo", without=("global_stream",), note="global_coef=0"),
     "diva_no_difficulty_weighting": SweepConfig("diva_grpo", without=("difficulty_weighting",), note="k=0"),
     "diva_no_batch_norm": SweepConfig("diva_grpo", without=("batch_norm",), note="batch_norm=false"),
     "diva_no_rrb": SweepConfig("diva_grpo", without=("rrb",), note="rrb=false"),
+    "grpo_2x": SweepConfig("grpo", budget=2, note="verl's GRPO with twice the responses per question (4n)"),
     "diva_binned_rule": SweepConfig(
         "diva_grpo",
         extra=("diva.difficulty.rule=binned", "diva.difficulty.alpha_source=reward"),
