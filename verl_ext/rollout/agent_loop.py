@@ -42,10 +42,30 @@ VALIDATION_SAMPLING = "validation_sampling"
 GREEDY = "greedy"
 
 
+# Keys of an image item that tell the processor how to resize the image, not what the image is: DIVA's dataset sets
+# ``max_pixels`` on every image item and verl's dataset sets none, so keying on them would give the same validation
+# question different sampling seeds under DIVA-GRPO and under GRPO, and their sampled validations would not be paired.
+RESIZE_HINTS = frozenset({"max_pixels", "min_pixels", "resized_height", "resized_width"})
+
+
+def without_resize_hints(value: Any) -> Any:
+    """``value`` (a raw prompt: messages, content lists, image items) with :data:`RESIZE_HINTS` left out of every
+    dict."""
+    if isinstance(value, dict):
+        return {k: without_resize_hints(v) for k, v in value.items() if k not in RESIZE_HINTS}
+    if isinstance(value, list | tuple):
+        return [without_resize_hints(v) for v in value]
+    return value
+
+
 def request_place(kwargs: dict[str, Any]) -> tuple[int, str, int]:
-    """(step, prompt key, response index) of the request verl's agent loop worker calls ``run`` with."""
+    """(step, prompt key, response index) of the request verl's agent loop worker calls ``run`` with. A prompt
+    without a run uid (validation) is keyed on its content: its messages and images, not their resize hints."""
     uid = str(kwargs["uid"])
-    key = uid if is_run_uid(uid) else content_key(kwargs.get("raw_prompt"), kwargs.get("index"))
+    if is_run_uid(uid):
+        key = uid
+    else:
+        key = content_key(without_resize_hints(kwargs.get("raw_prompt")), kwargs.get("index"))
     return int(kwargs.get("global_steps", 0) or 0), key, int(kwargs.get("session_id", 0))
 
 
