@@ -18,7 +18,8 @@ from omegaconf import OmegaConf
 from packaging.specifiers import SpecifierSet
 
 from verl_ext.cpu import shared_memory as shm
-from verl_ext.cpu.launch import VLLM_CPU_CHANGES, launcher_for, vllm_cpu_overrides, vllm_launcher_env
+from verl_ext.cpu.ablations import checked_additions, launcher_ablation
+from verl_ext.cpu.launch import VLLM_CPU_CHANGES, cpu_overrides, launcher_for, vllm_cpu_overrides, vllm_launcher_env
 from verl_ext.cpu.vllm_alias import alias_requirements, build_alias_wheel, wheel_metadata
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -164,6 +165,83 @@ def test_cpu_vllm_run_is_the_gpu_launchers_run_with_the_listed_changes(tmp_path,
     assert unlisted == [], f"changed but not in VLLM_CPU_CHANGES: {unlisted}"
     assert cpu["actor_rollout_ref.rollout.name"] == gpu["actor_rollout_ref.rollout.name"] == "vllm"
     assert cpu["algorithm.adv_estimator"] == gpu["algorithm.adv_estimator"]
+
+
+# What removing DIVA-GRPO's additions sets, on either route: the launcher's batch shape and the advantage's knobs.
+ABLATION_KEYS = (
+    "diva.variants.variants_per_question",
+    "data.train_batch_size",
+    "actor_rollout_ref.actor.ppo_mini_batch_size",
+    "actor_rollout_ref.rollout.n",
+    "diva.advantage.k",
+    "diva.advantage.global_coef",
+    "diva.advantage.batch_norm",
+    "diva.advantage.rrb",
+)
+
+
+def _vllm_route(tmp_path, method: str, without: tuple[str, ...]) -> list[str]:
+    paths = {k: str(tmp_path / k) for k in ("model", "train", "val")}
+    env = vllm_launcher_env(paths, str(tmp_path / "run"), method=method, without=without)
+    return _launcher_overrides(launcher_for(method), env) + vllm_cpu_overrides(method=method, without=without)
+
+
+def test_launcher_ablation_uses_the_launchers_variables_where_it_has_them():
+    assert launcher_ablation(["all"], 4) == (
+        {"VARIANTS_PER_QUESTION": "0", "ROLLOUT_N": "8", "DIFFICULTY_K": "0"},
+        ["diva.advantage.global_coef=0", "diva.advantage.batch_norm=false", "diva.advantage.rrb=false"],
+    )
+    assert launcher_ablation([], 4) == ({}, [])
+    with pytest.raises(ValueError, match="unknown DIVA-GRPO addition"):
+        launcher_ablation(["variant"], 4)
+
+
+@pytest.mark.parametrize("without", [("all",), ("variants",), ("difficulty_weighting",), ("global_stream", "rrb")])
+def test_additions_removed_on_the_vllm_route_as_on_the_hf_cpu_route(tmp_path, without):
+    """``WITHOUT`` reaches the GPU launcher (``ROLLOUT=vllm``): the composed run has the batch shape and advantage
+    knobs of the ``hf_cpu`` route's run without the same additions, and no key set twice."""
+    args = _vllm_route(tmp_path, "diva", without)
+    keys = [_hydra_key(a) for a in args]
+    assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
+    vllm = _leaves(_compose(args))
+    paths = {k: str(tmp_path / k) for k in ("model", "train", "val")}
+    hf = _leaves(_compose(cpu_overrides(paths, str(tmp_path / "ckpt"), without=without, ray_init=False)))
+    assert {k: vllm[k] for k in ABLATION_KEYS} == {k: hf[k] for k in ABLATION_KEYS}
+    full = _leaves(_compose(_vllm_route(tmp_path, "diva", ())))
+    removed = checked_additions(without)
+    assert (vllm["diva.variants.variants_per_question"] == 0) == ("variants" in removed)
+    assert (vllm["diva.advantage.k"] == 0) == ("difficulty_weighting" in removed)
+    assert (vllm["diva.advantage.global_coef"] == 0) == ("global_stream" in removed)
+    # The same responses per question with or without variants.
+    per_question = {
+        run["actor_rollout_ref.rollout.n"] * (1 + run["diva.variants.variants_per_question"]) for run in (vllm, full)
+    }
+    assert per_question == {8}
+
+
+def test_diva_without_its_additions_is_the_grpo_launchers_run_but_for_the_method(tmp_path):
+    """``ROLLOUT=vllm WITHOUT=all``: the DIVA launcher's run differs from the GRPO launcher's (same responses per
+    question) only in what names the method (estimator, trainer, dataset, experiment) and in DIVA's advantage knobs,
+    which verl's GRPO does not read."""
+    diva = _leaves(_compose(_vllm_route(tmp_path, "diva", ("all",))))
+    grpo = _leaves(_compose(_vllm_route(tmp_path, "grpo", ())))
+    changed = sorted(k for k in set(diva) | set(grpo) if diva.get(k, "<unset>") != grpo.get(k, "<unset>"))
+    assert changed == [
+        "algorithm.adv_estimator",
+        "data.custom_cls.name",
+        "data.custom_cls.path",
+        "diva.advantage.batch_norm",
+        "diva.advantage.global_coef",
+        "diva.advantage.k",
+        "diva.advantage.rrb",
+        "trainer.experiment_name",
+        "trainer.v1.trainer_mode",
+    ]
+
+
+def test_only_divas_additions_can_be_removed(tmp_path):
+    with pytest.raises(ValueError, match="only DIVA-GRPO's additions can be removed, not grpo's"):
+        _vllm_route(tmp_path, "grpo", ("rrb",))
 
 
 def test_stack_page_lists_every_cpu_change():

@@ -9,7 +9,13 @@ DIVA-GRPO is GRPO (a z-score over each prompt's responses) plus five additions (
 * ``batch_norm``: each stream standardised over the batch (``diva.advantage.batch_norm``);
 * ``rrb``: each stream scaled by its group's reward range (``diva.advantage.rrb``).
 
-With all five removed the DIVA trainer is verl's GRPO (the identity check, ``tests/e2e/test_grpo_identity_on_cpu.py``).
+With all five removed the DIVA trainer is verl's GRPO (the identity check, ``tests/e2e/test_grpo_identity_on_cpu.py``,
+:mod:`verl_ext.cpu.grpo_identity`).
+
+Two routes take them: the CPU launcher's Hydra overrides (:func:`addition_overrides`, with the prompts and responses
+per prompt set by ``verl_ext.cpu.launch.method_overrides``) and the GPU launcher's (``run_scripts/qwen25vl7b_diva.sh``,
+which ``ROLLOUT=vllm`` goes through): its variables where it has one, Hydra overrides after its own arguments where
+it has none (:func:`launcher_ablation`).
 """
 
 from __future__ import annotations
@@ -44,3 +50,28 @@ def addition_overrides(without: Iterable[str]) -> list[str]:
     """The advantage overrides that remove ``without`` (``variants`` is the launcher's: it sets the prompts and
     responses per prompt too)."""
     return [REMOVED_BY[name] for name in checked_additions(without) if name != "variants"]
+
+
+# The GPU launcher's variable for an addition's override, where it has one (run_scripts/qwen25vl7b_diva.sh): setting
+# the key again as a Hydra override would set it twice.
+LAUNCHER_VARIABLE = {"difficulty_weighting": ("DIFFICULTY_K", "0")}
+
+
+def launcher_ablation(without: Iterable[str], rollout_n: int) -> tuple[dict[str, str], list[str]]:
+    """``(variables, overrides)`` that remove ``without`` from a run of the GPU launcher ``qwen25vl7b_diva.sh`` whose
+    prompts get ``rollout_n`` responses each with the variants on: its variables (``VARIANTS_PER_QUESTION=0`` with
+    ``ROLLOUT_N`` times ``1 + variants_per_question`` (1), so the question's one prompt gets the variants' responses
+    too, as :func:`verl_ext.cpu.launch.method_overrides` does; ``DIFFICULTY_K=0``) and the Hydra overrides it has no
+    variable for (``global_coef``, ``batch_norm``, ``rrb``), to follow its own arguments."""
+    without = checked_additions(without)
+    variables: dict[str, str] = {}
+    overrides: list[str] = []
+    for name in without:
+        if name == "variants":
+            variables.update(VARIANTS_PER_QUESTION="0", ROLLOUT_N=str(2 * rollout_n))
+        elif name in LAUNCHER_VARIABLE:
+            variable, value = LAUNCHER_VARIABLE[name]
+            variables[variable] = value
+        else:
+            overrides.append(REMOVED_BY[name])
+    return variables, overrides

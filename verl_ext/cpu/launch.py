@@ -436,13 +436,20 @@ def vllm_launcher_env(
     response_length: int = 24,
     lr: float = 1e-3,
     shape: ClusterShape = ClusterShape(),
+    without: tuple[str, ...] = (),
 ) -> dict[str, str]:
     """The GPU launcher's variables for the CPU run (see :data:`VLLM_CPU_CHANGES`): DIVA gets ``rollout_n``
     responses for each of its 2 prompts per question, the other methods ``2 * rollout_n`` for their one; the
-    cluster's shape sets ``NNODES``, ``N_GPUS_PER_NODE`` and ``TP_SIZE``."""
+    cluster's shape sets ``NNODES``, ``N_GPUS_PER_NODE`` and ``TP_SIZE``. ``without``: DIVA-GRPO's additions removed
+    (:func:`verl_ext.cpu.ablations.launcher_ablation`: its variables here, its overrides in
+    :func:`vllm_cpu_overrides`; DIVA only)."""
+    from verl_ext.cpu.ablations import launcher_ablation
+
     diva = _is_diva(method)
+    method_overrides(method, questions, rollout_n, without)  # refuses additions removed from another method
     extension = vllm_worker_extension(method)
     own = {"WORKER_EXTENSION": extension} if extension != VLLM_WORKER_EXTENSION else {}
+    ablation, _ = launcher_ablation(without, rollout_n)
     return {
         **own,
         "MODEL_PATH": paths["model"],
@@ -464,6 +471,7 @@ def vllm_launcher_env(
         "EXPERIMENT_NAME": f"tiny_cpu_{method}",
         # Empty: verl's file logger writes <VERL_FILE_LOGGER_ROOT>/<project>/<experiment>.jsonl, one per part.
         "METRICS_LOG": "",
+        **ablation,
     }
 
 
@@ -496,9 +504,14 @@ def vllm_cpu_overrides(
     questions: int = 2,
     rollout_n: int = 4,
     shape: ClusterShape = ClusterShape(),
+    without: tuple[str, ...] = (),
 ) -> list[str]:
-    """Hydra overrides the GPU launcher has no variable for (see :data:`VLLM_CPU_CHANGES`), after its own."""
+    """Hydra overrides the GPU launcher has no variable for (see :data:`VLLM_CPU_CHANGES`), after its own;
+    ``without``: those that remove DIVA-GRPO's additions (:func:`verl_ext.cpu.ablations.launcher_ablation`)."""
+    from verl_ext.cpu.ablations import launcher_ablation
+
     return [
+        *launcher_ablation(without, rollout_n)[1],
         *_mupo_overrides(method, rollout_n),
         *ACCELERATOR_FREE_OVERRIDES,
         *worker_overrides(shape, questions * 2 * rollout_n),  # nodes and GPUs: the launcher's NNODES, ...
@@ -593,13 +606,19 @@ def main(argv: list[str] | None = None) -> int:
             questions=args.questions,
             rollout_n=args.rollout_n,
             shape=shape,
+            without=without,
         )
         env["DIVA_GPU_LAUNCHER"] = launcher_for(args.method)
         if args.launcher_env_out:
             with open(args.launcher_env_out, "w") as f:
                 f.write("".join(f"{k}={v}\n" for k, v in env.items()))
         lines = vllm_cpu_overrides(
-            method=args.method, steps=args.steps, questions=args.questions, rollout_n=args.rollout_n, shape=shape
+            method=args.method,
+            steps=args.steps,
+            questions=args.questions,
+            rollout_n=args.rollout_n,
+            shape=shape,
+            without=without,
         )
     else:
         lines = None
