@@ -61,16 +61,14 @@ def runs(request, task):
     if rollout == "vllm":
         request.getfixturevalue("vllm_required")
     out = {"rollout": rollout, "seconds": {}}
-    # Validation greedy on both rollouts (hf_cpu's run is; the GPU launcher samples at the paper's 0.6 / 0.95): a
-    # sampled validation request's seed is keyed by its prompt's content (verl_ext.rollout.seeds.content_key), which
-    # DIVA's dataset extends (each image's max_pixels), so the two runs would draw different validation responses
-    # from the same weights.
-    greedy = {"VAL_TEMPERATURE": "0", "VAL_TOP_P": "1.0"} if rollout == "vllm" else {}
+    # vLLM validates with the GPU launcher's sampling (0.6 / 0.95), hf_cpu greedily: a sampled validation request's
+    # seed is keyed on its question's content without its images' resize hints (verl_ext.rollout.agent_loop), so the
+    # two methods draw the same validation responses from the same weights.
     for name, settings in (("grpo", {"METHOD": "grpo"}), ("diva", {"METHOD": "diva", "WITHOUT": "all"})):
         run_dir = task / f"{rollout}_{name}"
         start = time.monotonic()
         returncode, output = run_tiny_cpu(
-            task, run_dir, LAUNCH_TIMEOUT_S, ROLLOUT=rollout, STEPS=str(STEPS), RESUME_STEPS="0", **greedy, **settings
+            task, run_dir, LAUNCH_TIMEOUT_S, ROLLOUT=rollout, STEPS=str(STEPS), RESUME_STEPS="0", **settings
         )
         out["seconds"][name] = round(time.monotonic() - start, 1)
         assert returncode == 0, output[-8000:]
