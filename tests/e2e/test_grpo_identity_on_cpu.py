@@ -24,7 +24,7 @@ Tolerances (:mod:`verl_ext.cpu.grpo_identity`, with why):
 The task is prepared (:func:`verl_ext.cpu.grpo_identity.prepare_task`) with every image at the model's input size:
 DIVA's dataset gives each image ``diva.variants.max_pixels`` for the processor and verl's gives none, so a larger
 image reaches the two models through different resizes and different pixels (a 1.5e-4 gradient-norm gap at step 2
-before the task was prepared; ``tests/report/test_grpo_identity_on_cpu.py`` shows the two routes).
+before the task was prepared; ``tests/report/test_grpo_identity_compare_on_cpu.py`` shows the two routes).
 
 Four launches of two to six minutes each on 2 cores (16.5 min in all beside another CPU job); CI runs them
 (``gpu_stack``) in the main job's stack.
