@@ -75,3 +75,57 @@ def training_run(
         stamp = time.time() - 1000 + launch  # write order = launch order
         os.utime(path, (stamp, stamp))
     return folder
+
+
+# The collapse-rate keys each method logs (verl_ext/methods/*, verl_ext/algos/mupo.py).
+METHOD_COLLAPSE_KEYS = {
+    "GRPO": ("grpo/collapse_rate",),
+    "DIVA-GRPO": ("diva/collapse_rate/local", "diva/collapse_rate/global"),
+    "AVSPO": ("avspo/collapse_rate/before", "avspo/collapse_rate/after"),
+    "CoDaPO": ("codapo/collapse_rate",),
+    "Durian": ("durian/collapse_rate",),
+    "PGPO": ("pgpo/collapse_rate",),
+    "MUPO": ("mupo/collapse_rate/partition", "mupo/collapse_rate/prompt"),
+    "NC-GRPO": ("noise_contrastive_grpo/collapse_rate",),
+}
+
+
+def method_runs(folder: Path, steps: int = 30, val_every: int = 5, same_as: dict[str, str] | None = None) -> dict:
+    """One run folder per method of :data:`METHOD_COLLAPSE_KEYS` (``folder/<name>``), each with its own collapse
+    keys, reward, response length and validation on two benchmarks; ``same_as``: ``{run: other}`` runs whose
+    series are the other's, value for value (their collapse key renamed to their own). Returns ``{name: path}``."""
+    same_as = same_as or {}
+    val_steps = list(range(0, steps + 1, val_every))
+    records_of: dict[str, list] = {}
+    for index, (name, keys) in enumerate(METHOD_COLLAPSE_KEYS.items()):
+        rng = np.random.default_rng(100 + index)
+        gain = 0.15 + 0.03 * index
+        validation = validation_curve(
+            val_steps,
+            {
+                source: [float(0.3 + offset + gain * (1 - np.exp(-s / 12)) + rng.normal(0, 0.01)) for s in val_steps]
+                for source, offset in (("mathvista", 0.05), ("wemath", 0.0))
+            },
+        )
+        records = []
+        for step in range(0, steps + 1):
+            data = dict(validation.get(step, {}))
+            if step > 0:
+                data["critic/score/mean"] = float(0.3 + gain * (1 - np.exp(-step / 10)) + rng.normal(0, 0.02))
+                data["response_length/mean"] = float(600 - 4 * index * step / 3 + rng.normal(0, 15))
+                for k, key in enumerate(keys):
+                    data[key] = float(np.clip(0.6 - 0.01 * step * (1 + index / 4) * (1 - 0.35 * k), 0, 1))
+            records.append((step, data))
+        records_of[name] = records
+    paths = {}
+    for name, keys in METHOD_COLLAPSE_KEYS.items():
+        records = records_of[name]
+        if name in same_as:
+            other_key = METHOD_COLLAPSE_KEYS[same_as[name]][0]
+            records = [
+                (step, {(keys[0] if key == other_key else key): value for key, value in data.items()})
+                for step, data in records_of[same_as[name]]
+            ]
+        paths[name] = folder / name
+        write_log(paths[name] / "logs" / "metrics_0.jsonl", records)
+    return paths

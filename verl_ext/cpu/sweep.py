@@ -208,7 +208,7 @@ def figures(out: Path, summary: dict) -> list[str]:
     """The sweep's curves (sampled and greedy validation) as PNGs in ``out``; returns their paths."""
     import matplotlib.pyplot as plt
 
-    from verl_ext.report.figures import sweep_figure
+    from verl_ext.report.sweep_figures import sweep_figure
 
     written = []
     for view in ("sampled", "greedy"):

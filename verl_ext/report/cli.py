@@ -1,9 +1,11 @@
 """``diva-report RUN [RUN ...] --output DIR``: figures and ``report.md`` for one run, or several side by side.
 
 Writes into ``DIR``: ``report.md`` (figures embedded, summary table, and with two or more runs the steps each run
-needs to reach the first run's best validation accuracy), the PNG figures (``collapse_rate``, ``difficulty``,
-``variants``, ``training``, ``validation``; a figure without data is skipped and the report says why),
-``summary.json`` and ``figures.json`` (every series drawn).
+needs to reach the baseline's best validation accuracy and the runs whose series coincide), the PNG figures
+(``collapse_rate``, ``difficulty``, ``variants``, ``training``, ``validation``; a figure without data is skipped and
+the report says why; with several runs, one panel or row per run), ``summary.json`` (with ``baseline`` and
+``coincident``) and ``figures.json`` (every series drawn). The baseline is the GRPO run when there is one (by its
+name: :mod:`.baseline`), else the first run.
 
 Exit status: 0 written; 2 bad input (no metrics log, a malformed log line: the message names the file and line).
 """
@@ -23,7 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="diva-report",
         description="Plots and a report.md from runs' verl metrics logs (file logger JSONL) and checkpoint "
-        "difficulty states. The first run is the baseline of the comparison.",
+        "difficulty states. The baseline of the comparison is the run named GRPO (e.g. grpo, GRPO, "
+        "qwen25vl7b_grpo_n10) when there is one, else the first run.",
         epilog="example: diva-report checkpoints/diva_grpo/qwen25vl7b_grpo_n10 "
         "checkpoints/diva_grpo/qwen25vl7b_diva_v1 --output reports/diva_vs_grpo",
     )
@@ -42,6 +45,7 @@ def render_report(runs: list[Run], output: Path) -> dict:
     output.mkdir(parents=True, exist_ok=True)
     done: dict[str, tuple[str, str | None]] = {}
     drawn: dict[str, list] = {}
+    coincident: list[dict] = []
     for file, (title, build) in F.FIGURES.items():
         fig, plotted = build(runs)
         if fig is None:
@@ -50,14 +54,15 @@ def render_report(runs: list[Run], output: Path) -> dict:
             continue
         F.save(fig, output / file)
         done[file], drawn[file] = (title, None), plotted
+        coincident += F.coincident(file, plotted)
     notes = [f"{run.name}: {note}" for run in runs for note in run.notes]
     if not any(accuracy_key(run.log.keys()) for run in runs):
         notes.append(
             f"training accuracy is not in the logs (no {' or '.join(ACCURACY_PATTERNS)} metric): the reward "
             "(0.9 x accuracy + 0.1 x format) is the closest training curve"
         )
-    (output / "report.md").write_text(write_report(runs, done, notes), encoding="utf-8")
-    summary = summary_json(runs, done)
+    (output / "report.md").write_text(write_report(runs, done, notes, coincident), encoding="utf-8")
+    summary = summary_json(runs, done, coincident)
     (output / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     (output / "figures.json").write_text(json.dumps(drawn), encoding="utf-8")
     return summary

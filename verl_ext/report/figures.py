@@ -1,9 +1,13 @@
 """The report's figures (matplotlib, headless Agg backend). Each ``*_figure`` function takes the runs and returns
-``(figure, plotted)`` where ``plotted`` lists every series drawn (``{"panel", "run", "label", "steps", "values"}``;
-``figures.json`` of the report), or ``(None, reason)`` when the runs hold nothing to draw.
+``(figure, plotted)`` where ``plotted`` lists every series drawn once (``{"panel", "run", "label", "steps",
+"values"}``; ``figures.json`` of the report; ``panel`` names the quantity: a benchmark, the reward, the collapse
+rate), or ``(None, reason)`` when the runs hold nothing to draw.
 
-With several runs every panel overlays them, one colour per run (the first run is the baseline); figures that
-cannot overlay (heatmaps, stacked shares) get one row per run.
+One run: its curves, one panel per quantity. Several runs: small multiples (:mod:`.panels`), one panel per run for
+the collapse rate, a row per run and a column per quantity for training and validation; the baseline run (GRPO
+when one is, :mod:`.baseline`) in grey in every other run's panel; a series equal to another run's value for value
+(:mod:`.coincide`) is marked "same as <run>" in its panel and listed by :func:`coincident`. Figures that cannot
+overlay (heatmaps, stacked shares) get one row per run. Legends stand outside the axes.
 """
 
 from __future__ import annotations
@@ -18,10 +22,13 @@ import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 import numpy as np  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from verl_ext.report import coincide as C  # noqa: E402
+from verl_ext.report import panels as P  # noqa: E402
 from verl_ext.report import series as S  # noqa: E402
+from verl_ext.report.baseline import baseline_index  # noqa: E402
 from verl_ext.report.run import Run  # noqa: E402
 
-STEP_LABEL = "training step"
+STEP_LABEL = P.STEP_LABEL
 LINE_STYLES = ("-", "--", ":", "-.")
 # One marker per metric of a run (a collapse figure's local and global curves): the legend's samples are short,
 # and a dashed line with the same colour and marker as a solid one cannot be told apart there.
@@ -66,16 +73,19 @@ def _finish_axes(ax, ylabel: str, title: str, legend: bool = True) -> None:
     ax.set_title(title, fontsize=11)
     ax.grid(True, alpha=0.3)
     ax.xaxis.set_major_locator(MaxNLocator(nbins=8, integer=True))
-    if legend and ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="best", framealpha=0.85)
+    if legend:
+        _legend_right(ax)
 
 
 # ------------------------------------------------------------------------------------------- collapse rate
+COLLAPSE_PANEL = "collapse rate"
+COLLAPSE_LABEL = "collapse rate (share of groups, all rewards equal)"
+
+
 def collapse_figure(runs: list[Run]):
     per_run = [(run, S.collapse_keys(run.log.keys())) for run in runs]
     if not any(keys for _, keys in per_run):
         return None, "no collapse-rate metrics (*/collapse_rate*) in the logs"
-    fig, ax = plt.subplots(figsize=(8.5, 4.8), layout="constrained")
     plotted: list = []
     for r, (run, keys) in enumerate(per_run):
         for k, key in enumerate(keys):
@@ -83,16 +93,68 @@ def collapse_figure(runs: list[Run]):
             # Each curve its own (colour, line style, marker): a run's colour (one run: a colour per key), and a
             # line style and marker per key, so a run's local and global curves differ in the legend too.
             style = {
-                "color": _colour(k if len(runs) == 1 else r),
+                "color": _colour(k) if len(runs) == 1 else P.run_colour(r),
                 "linestyle": LINE_STYLES[k % len(LINE_STYLES)],
                 "marker": MARKERS[k % len(MARKERS)],
             }
-            label = key if len(runs) == 1 else f"{_short(run.name)}: {key}"
-            _line(ax, steps, values, label=label, **style)
-            _record(plotted, "collapse rate", run, key, steps, values, style)
-    ax.set_ylim(-0.03, 1.03)
-    _finish_axes(ax, "collapse rate (share of groups, all rewards equal)", "Advantage collapse rate per step")
+            _record(plotted, COLLAPSE_PANEL, run, key, steps, values, style)
+    if len(runs) == 1:
+        fig, ax = plt.subplots(figsize=(9.5, 4.8), layout="constrained")
+        for entry in plotted:
+            _line(ax, entry["steps"], entry["values"], label=entry["label"], **_style(entry))
+        ax.set_ylim(-0.03, 1.03)
+        _finish_axes(ax, COLLAPSE_LABEL, "Advantage collapse rate per step", legend=False)
+        _legend_right(ax)
+        return fig, plotted
+
+    base = baseline_index([run.name for run in runs])
+    same = C.same_as(C.find_coincident(plotted))
+    fig, axes = P.panel_grid(len(runs), panel_legend_lines=max(len(keys) for _, keys in per_run))
+    baseline_series = [e for e in plotted if e["run"] == runs[base].name]
+    for r, (ax, (run, keys)) in enumerate(zip(axes, per_run, strict=True)):
+        if r != base:
+            for k, entry in enumerate(baseline_series):
+                P.reference(ax, entry["steps"], entry["values"], linestyle=LINE_STYLES[k % len(LINE_STYLES)])
+        others: list[str] = []
+        for entry in (e for e in plotted if e["run"] == run.name):
+            also = same.get((COLLAPSE_PANEL, run.name, entry["label"]), [])
+            label = entry["label"] + (f" (= {', '.join(also)})" if also else "")
+            _line(ax, entry["steps"], entry["values"], label=label, **_style(entry))
+            others += [o for o in also if o not in others]
+        if not keys:
+            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="0.4")
+        _panel_title(ax, run, r == base, len(runs))
+        if others:
+            P.note_same_as(ax, others)
+        ax.set_ylim(-0.03, 1.03)
+        ax.grid(True, alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
+        P.panel_legend(ax)
+    fig.supylabel("share of groups, all rewards equal", fontsize=9)
+    fig.suptitle("Advantage collapse rate per step", fontsize=12)
+    handles = [
+        P.reference_handle(f"{_short(runs[base].name)} (baseline): {entry['label']}", LINE_STYLES[k % len(LINE_STYLES)])
+        for k, entry in enumerate(baseline_series)
+    ]
+    if same:
+        handles.append(P.same_as_handle())
+    P.legend_below(fig, handles)
     return fig, plotted
+
+
+def _style(entry: dict) -> dict:
+    return {key: (tuple(v) if isinstance(v, list) else v) for key, v in entry["style"].items()}
+
+
+def _panel_title(ax, run: Run, is_baseline: bool, count: int) -> None:
+    name = _short(run.name, MAX_TITLE_NAME)
+    ax.set_title(name + (" (baseline)" if is_baseline and count > 1 else ""), loc="left", fontsize=10)
+
+
+def _legend_right(ax) -> None:
+    """The legend right of the axes, outside the data."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), framealpha=0.9)
 
 
 # ---------------------------------------------------------------------------------------------- difficulty
@@ -177,8 +239,7 @@ def variants_figure(runs: list[Run]):
         _finish_axes(
             mix_ax, "share of the step's prompts", f"{_short(run.name, MAX_TITLE_NAME)}: variant mix", legend=False
         )
-        # The shares fill the whole panel: the legend goes outside, on the right.
-        mix_ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), framealpha=0.9)
+        _legend_right(mix_ax)
 
         f_steps, fallbacks = S.series(run.log, S.FALLBACK_KEY)
         if f_steps.size:
@@ -206,16 +267,19 @@ def training_figure(runs: list[Run]):
             panels.append((title, ylabel, keys))
     if not panels:
         return None, "no reward, accuracy or response-length metrics in the logs"
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), layout="constrained", squeeze=False)
     plotted: list = []
-    for ax, (title, ylabel, keys) in zip(axes[0], panels, strict=True):
-        for r, (run, key) in enumerate(zip(runs, keys, strict=True)):
-            if key is None:
-                continue
-            steps, values = S.series(run.log, key)
-            _line(ax, steps, values, color=_colour(r), marker=MARKERS[r % len(MARKERS)], label=_short(run.name))
-            _record(plotted, title, run, key, steps, values)
-        _finish_axes(ax, ylabel, title, legend=len(runs) > 1)
+    for title, _, keys in panels:
+        for run, key in zip(runs, keys, strict=True):
+            if key is not None:
+                _record(plotted, title, run, key, *S.series(run.log, key))
+    if len(runs) == 1:
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.2), layout="constrained", squeeze=False)
+        for ax, (title, ylabel, _) in zip(axes[0], panels, strict=True):
+            for entry in (e for e in plotted if e["panel"] == title):
+                _line(ax, entry["steps"], entry["values"], color=_colour(0))
+            _finish_axes(ax, ylabel, title, legend=False)
+        return fig, plotted
+    fig = _run_rows(runs, [title for title, _, _ in panels], plotted, "Reward, accuracy and response length")
     return fig, plotted
 
 
@@ -227,27 +291,105 @@ def validation_figure(runs: list[Run]):
         return None, "no validation metrics (val-core/<data_source>/...) in the logs"
     if any(S.MEAN in found for found in per_run):
         benchmarks.append(S.MEAN)
-    columns = min(3, len(benchmarks))
-    rows = math.ceil(len(benchmarks) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.8 * columns, 3.7 * rows), layout="constrained", squeeze=False)
     plotted: list = []
-    for index, benchmark in enumerate(benchmarks):
-        ax = axes[index // columns][index % columns]
-        for r, (run, found) in enumerate(zip(runs, per_run, strict=True)):
-            if benchmark not in found:
-                continue
-            steps, values = found[benchmark]
-            _line(ax, steps, values, color=_colour(r), marker=MARKERS[r % len(MARKERS)], label=_short(run.name))
-            _record(plotted, benchmark, run, benchmark, steps, values)
-        if len(runs) > 1 and benchmark in per_run[0] and per_run[0][benchmark][1].size:
-            # The target of the steps-to-best comparison: the baseline's best score.
-            best = float(per_run[0][benchmark][1].max())
-            ax.axhline(best, color=_colour(0), linestyle=":", linewidth=1.2, label=f"{_short(runs[0].name)} best")
-        title = "mean over benchmarks" if benchmark == S.MEAN else benchmark
-        _finish_axes(ax, "validation accuracy", title, legend=len(runs) > 1)
-    for index in range(len(benchmarks), rows * columns):
-        axes[index // columns][index % columns].set_visible(False)
+    for benchmark in benchmarks:
+        for run, found in zip(runs, per_run, strict=True):
+            if benchmark in found:
+                _record(plotted, benchmark, run, benchmark, *found[benchmark])
+    titles = ["mean over benchmarks" if b == S.MEAN else b for b in benchmarks]
+    if len(runs) == 1:
+        columns = min(3, len(benchmarks))
+        rows = math.ceil(len(benchmarks) / columns)
+        fig, axes = plt.subplots(
+            rows, columns, figsize=(4.8 * columns, 3.7 * rows), layout="constrained", squeeze=False
+        )
+        for index, (entry, title) in enumerate(zip(plotted, titles, strict=True)):
+            ax = axes[index // columns][index % columns]
+            _line(ax, entry["steps"], entry["values"], color=_colour(0))
+            _finish_axes(ax, "validation accuracy", title, legend=False)
+        for index in range(len(benchmarks), rows * columns):
+            axes[index // columns][index % columns].set_visible(False)
+        return fig, plotted
+    # The target of the steps-to-best comparison: the baseline's best score, dotted in every panel.
+    base = runs[baseline_index([run.name for run in runs])]
+    best = {e["panel"]: max(e["values"]) for e in plotted if e["run"] == base.name and e["values"]}
+    fig = _run_rows(
+        runs,
+        titles,
+        plotted,
+        "Validation accuracy per benchmark",
+        panels=benchmarks,
+        size=(2.6, 1.8),
+        best=best,
+    )
     return fig, plotted
+
+
+def _run_rows(runs, titles, plotted, suptitle, panels=None, size=P.ROW_PANEL_SIZE, best=None):
+    """Small multiples of several quantities: a row per run, a column per quantity (``panels``: their names in
+    ``plotted``, default ``titles``); the baseline in grey in the other rows' panels, notes where runs coincide;
+    ``best``: ``{panel: value}`` drawn dotted grey in every panel (the baseline's best)."""
+    panels, best = panels or titles, best or {}
+    base = baseline_index([run.name for run in runs])
+    same = C.same_as(C.find_coincident(plotted))
+    rows = [_short(run.name, 60) + (" (baseline)" if r == base else "") for r, run in enumerate(runs)]
+    fig, axes, subfigures = P.run_rows(rows, titles, size=size)
+    by_key = {(e["panel"], e["run"]): e for e in plotted}
+    for r, run in enumerate(runs):
+        coincide_in: dict[str, list[str]] = {}  # the row's note: {other run: [quantities]}
+        for c, panel in enumerate(panels):
+            ax = axes[r][c]
+            reference = by_key.get((panel, runs[base].name))
+            if r != base and reference is not None:
+                P.reference(ax, reference["steps"], reference["values"])
+            if panel in best:
+                ax.axhline(best[panel], color=P.GREY, linestyle=":", linewidth=1.3, zorder=1.4)
+            entry = by_key.get((panel, run.name))
+            if entry is None:
+                ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="0.4")
+            else:
+                _line(ax, entry["steps"], entry["values"], color=P.run_colour(r), marker=MARKERS[r % len(MARKERS)])
+                others = same.get((panel, run.name, entry["label"]), [])
+                if others:  # the quantity's name moves left, the note stands right of it
+                    ax.set_title("", loc="center")
+                    ax.set_title(titles[c], loc="left", fontsize=9)
+                    P.note_same_as(ax, others, limit=int(size[0] * 5), short=True)
+                    for other in others:
+                        coincide_in.setdefault(other, []).append(titles[c])
+            ax.grid(True, alpha=0.3)
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
+            ax.tick_params(labelsize=8)
+        if coincide_in:
+            note = "; ".join(
+                f"same as {other} in " + ("every panel" if len(where) == len(panels) else ", ".join(where))
+                for other, where in coincide_in.items()
+            )
+            P.row_title(subfigures[r], rows[r], note)
+    P.set_limits(
+        axes,
+        [step for entry in plotted for step in entry["steps"]],
+        [
+            [v for e in plotted if e["panel"] == panel for v in e["values"]] + ([best[panel]] if panel in best else [])
+            for panel in panels
+        ],
+    )
+    fig.suptitle(suptitle, fontsize=12)
+    name = _short(runs[base].name)
+    handles = [P.reference_handle(f"{name} (baseline), in every other row")]
+    if best:
+        handles.append(P.reference_handle(f"{name}'s best (the steps-to-best target)", ":"))
+    if same:
+        handles.append(P.same_as_handle())
+    P.legend_below(fig, handles)
+    return fig
+
+
+def coincident(file: str, plotted: list) -> list[dict]:
+    """The coincident series of a figure of :data:`COMPARED` (``[]`` for the others), as ``{"figure", "panel",
+    "key", "runs", "points"}``."""
+    if file not in COMPARED:
+        return []
+    return [{"figure": file, **found.as_dict()} for found in C.find_coincident(plotted)]
 
 
 FIGURES = {
@@ -257,6 +399,10 @@ FIGURES = {
     "training.png": ("Reward, accuracy and response length", training_figure),
     "validation.png": ("Validation accuracy per benchmark", validation_figure),
 }
+
+
+# The figures whose series compare the runs; the heatmap and the stacked shares are each run's own.
+COMPARED = ("collapse_rate.png", "training.png", "validation.png")
 
 
 def save(fig, path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from verl_ext.report import series as S
+from verl_ext.report.baseline import baseline_index
 from verl_ext.report.run import Run
 
 
@@ -57,31 +58,51 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
+def baseline(runs: list[Run]) -> Run:
+    """The run the others are compared with: GRPO when one is, by its name, else the first (:mod:`.baseline`)."""
+    return runs[baseline_index([run.name for run in runs])]
+
+
 def steps_to_best_rows(runs: list[Run]) -> list[tuple[str, S.StepsToBest]]:
-    baseline = runs[0]
-    return [(run.name, row) for run in runs[1:] for row in S.steps_to_baseline_best(baseline.log, run.log)]
+    base = baseline(runs)
+    return [(run.name, row) for run in runs if run is not base for row in S.steps_to_baseline_best(base.log, run.log)]
 
 
-def write_report(runs: list[Run], figures: dict[str, tuple[str, str | None]], notes: list[str]) -> str:
-    """The markdown text. ``figures``: ``{file: (title, None or the reason it was skipped)}``."""
+def coincident_lines(coincident: list[dict]) -> list[str]:
+    """The report's list of series that coincide (``figures.coincident`` entries)."""
+    lines = []
+    for found in coincident:
+        runs = " = ".join(f"**{run}**" for run in found["runs"])
+        panel = "mean over benchmarks" if found["panel"] == S.MEAN else found["panel"]
+        where = panel if found["key"] == found["panel"] else f"{panel} (`{found['key']}`)"
+        lines.append(f"- `{found['figure']}`, {where}: {runs} (equal at all {found['points']} steps)")
+    return lines
+
+
+def write_report(
+    runs: list[Run], figures: dict[str, tuple[str, str | None]], notes: list[str], coincident: list[dict] | None = None
+) -> str:
+    """The markdown text. ``figures``: ``{file: (title, None or the reason it was skipped)}``; ``coincident``: the
+    series of two or more runs that are equal value for value (:func:`verl_ext.report.figures.coincident`)."""
     names = [run.name for run in runs]
+    base = baseline(runs)
     lines = ["# DIVA-GRPO run report", ""]
     lines += _table(
         ["run", "path", "log files", "steps logged"],
         [
             [
-                f"**{r.name}**" + (" (baseline)" if i == 0 and len(runs) > 1 else ""),
+                f"**{r.name}**" + (" (baseline)" if r is base and len(runs) > 1 else ""),
                 f"`{r.path}`",
                 str(len(r.log.files)),
                 str(len(r.log.steps)),
             ]
-            for i, r in enumerate(runs)
+            for r in runs
         ],
     )
     lines += ["", "## Summary", ""]
     lines += _table(["metric", *names], [[label, *cells] for label, cells in summary_rows(runs)])
     if len(runs) > 1:
-        lines += ["", f"## Steps to reach the baseline's best validation accuracy (baseline: {runs[0].name})", ""]
+        lines += ["", f"## Steps to reach the baseline's best validation accuracy (baseline: {base.name})", ""]
         rows = steps_to_best_rows(runs)
         if rows:
             table = []
@@ -105,6 +126,19 @@ def write_report(runs: list[Run], figures: dict[str, tuple[str, str | None]], no
             ]
         else:
             lines.append("No benchmark is validated by both the baseline and another run.")
+    if len(runs) > 1:
+        lines += ["", "## Runs that coincide", ""]
+        if coincident:
+            lines += [
+                "Series of these runs are equal value for value (same steps, values within a relative 1e-9); in",
+                'the figures their panels have a red frame and say "same as <run>" (or "= <run>"). Identical curves',
+                "usually mean the runs did the same thing (a method's change never applied, or the same seed and",
+                "data given the same method twice).",
+                "",
+                *coincident_lines(coincident),
+            ]
+        else:
+            lines.append("No series of two runs are equal value for value.")
     lines += ["", "## Figures", ""]
     for file, (title, skipped) in figures.items():
         lines += [f"### {title}", ""]
@@ -114,8 +148,11 @@ def write_report(runs: list[Run], figures: dict[str, tuple[str, str | None]], no
     return "\n".join(lines)
 
 
-def summary_json(runs: list[Run], figures: dict[str, tuple[str, str | None]]) -> dict:
+def summary_json(
+    runs: list[Run], figures: dict[str, tuple[str, str | None]], coincident: list[dict] | None = None
+) -> dict:
     return {
+        "baseline": baseline(runs).name,
         "runs": [
             {"name": run.name, "path": str(run.path), "steps": sorted(run.log.steps), "notes": run.notes}
             for run in runs
@@ -136,4 +173,5 @@ def summary_json(runs: list[Run], figures: dict[str, tuple[str, str | None]]) ->
             for name, row in (steps_to_best_rows(runs) if len(runs) > 1 else [])
         ],
         "figures": {file: {"title": title, "skipped": skipped} for file, (title, skipped) in figures.items()},
+        "coincident": list(coincident or []),
     }
