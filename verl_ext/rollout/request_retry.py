@@ -170,7 +170,12 @@ def _actor_fields(error: BaseException) -> dict[str, str]:
     return fields
 
 
-def replica_of(error: BaseException, state_timeout_s: float = 5.0) -> str:
+# Actor id -> the name Ray's state API gave it: a replica's name never changes, and on a loaded head the state API
+# can take longer than its timeout (an error that names no replica the second time it is asked about the same actor).
+_REPLICA_NAMES: dict[str, str] = {}
+
+
+def replica_of(error: BaseException, state_timeout_s: float = 15.0) -> str:
     """The rollout server an error came from: its Ray actor name (verl names them
     ``<backend>_server_<replica>_<node>``), actor id, node address and pid, from what the error carries and Ray's
     state API (which knows the actor's name when the error does not); for an error without an actor (raised before
@@ -179,7 +184,7 @@ def replica_of(error: BaseException, state_timeout_s: float = 5.0) -> str:
     actor_id = fields.get("actor_id")
     if not actor_id:
         return "no replica (the error was raised before a server answered)"
-    name = fields.get("name")
+    name = fields.get("name") or _REPLICA_NAMES.get(actor_id)
     if name is None and ray.is_initialized():  # a process of the job (never a guess at another cluster)
         try:
             from ray.util.state import get_actor
@@ -189,6 +194,8 @@ def replica_of(error: BaseException, state_timeout_s: float = 5.0) -> str:
             state = None
         if state is not None:
             name = getattr(state, "name", None) or getattr(state, "class_name", None)
+            if name:
+                _REPLICA_NAMES[actor_id] = name
     ip, pid = fields.get("ip"), fields.get("pid")
     detail = ", ".join([f"actor {actor_id}", *([f"node {ip}"] if ip else []), *([f"pid {pid}"] if pid else [])])
     return f"replica {name} ({detail})" if name else f"replica ({detail})"
