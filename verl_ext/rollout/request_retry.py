@@ -170,12 +170,12 @@ def _actor_fields(error: BaseException) -> dict[str, str]:
     return fields
 
 
-# Actor id -> the name Ray's state API gave it: a replica's name never changes, and on a loaded head the state API
-# can take longer than its timeout (an error that names no replica the second time it is asked about the same actor).
+# Actor id -> the name Ray's state API gave it: a replica's name never changes (one question to the state API per
+# replica, not per failed attempt).
 _REPLICA_NAMES: dict[str, str] = {}
 
 
-def replica_of(error: BaseException, state_timeout_s: float = 15.0) -> str:
+def replica_of(error: BaseException, state_timeout_s: float = 5.0) -> str:
     """The rollout server an error came from: its Ray actor name (verl names them
     ``<backend>_server_<replica>_<node>``), actor id, node address and pid, from what the error carries and Ray's
     state API (which knows the actor's name when the error does not); for an error without an actor (raised before
@@ -189,7 +189,10 @@ def replica_of(error: BaseException, state_timeout_s: float = 15.0) -> str:
         try:
             from ray.util.state import get_actor
 
-            state = get_actor(actor_id, timeout=state_timeout_s)
+            # This job's cluster by its GCS address: without one the state API looks for "the" local Ray instance
+            # and refuses when the machine runs several (a second job's cluster beside this one's).
+            address = ray.get_runtime_context().gcs_address
+            state = get_actor(actor_id, address=address, timeout=state_timeout_s)
         except Exception:  # the state API needs the dashboard; the actor id still names the replica
             state = None
         if state is not None:
