@@ -71,3 +71,19 @@ def test_a_run_without_both_validations_is_named(tmp_path):
     )
     with pytest.raises(ValueError, match=r"seed0: no \['greedy', 'sampled'\] validation"):
         summarise(tmp_path, ["grpo"], [0])
+
+
+def test_markdown_table_has_a_row_per_configuration_with_its_paired_difference(tmp_path):
+    from verl_ext.cpu.sweep import table_markdown
+
+    _run(tmp_path, "grpo", 0, [0.3, 0.5, 0.6], [0.25, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5])
+    _run(tmp_path, "grpo", 1, [0.3, 0.4, 0.4], [0.25, 0.25, 0.5], [0.6, 0.6, 0.6, 0.6])
+    _run(tmp_path, "diva_grpo", 0, [0.3, 0.6, 0.55], [0.25, 0.5, 0.5], [0.2, 0.2, 0.2, 0.2])
+    lines = table_markdown(summarise(tmp_path, ["grpo", "diva_grpo"], [0, 1])["table"])
+    assert lines[1].startswith("|---")
+    grpo, diva = lines[2], lines[3]
+    assert grpo == (
+        "| `grpo` | 0, 1 | 0.500 [0.400, 0.600] | 0.500 [0.400, 0.600] | 0.500 [0.500, 0.500] | "
+        "0.000 [0.000, 0.000] | 0.550 |"
+    )
+    assert diva == "| `diva_grpo` | 0 | 0.600 | 0.550 | 0.500 | 0.000 | 0.200 |"

@@ -10,7 +10,7 @@ every ``test_freq`` steps.
 
 Runs go to ``OUT/<config>/seed<k>/``; a run that finished has ``OUT/<config>/seed<k>/done.json`` and is not run
 again, so an interrupted sweep resumes where it stopped (a run cut short is started afresh). ``OUT/sweep.json``
-holds the table (:func:`summarise`), ``OUT/sweep_sampled.png`` and ``OUT/sweep_greedy.png`` the curves (mean and
+holds the table (:func:`summarise`; ``OUT/sweep.md`` as Markdown), ``OUT/sweep_sampled.png`` and ``OUT/sweep_greedy.png`` the curves (mean and
 min-max band over seeds, one panel per configuration, GRPO in grey in each); the last line printed is the table's
 JSON.
 
@@ -261,6 +261,24 @@ def table_lines(table: dict) -> list[str]:
     return lines
 
 
+def table_markdown(table: dict) -> list[str]:
+    """The table as Markdown (``OUT/sweep.md``, for the README): sampled validation, mean [min, max] over seeds."""
+    lines = [
+        "| configuration | seeds | best (sampled) | final (sampled) | best (greedy) | best - GRPO, paired | "
+        "zero-advantage fraction |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for config, row in table.items():
+        zero = row["zero_advantage_fraction"]
+        zero_text = f"{zero['mean']:.3f}" if zero else "-"
+        seeds = ", ".join(map(str, row["seeds"]))
+        lines.append(
+            f"| `{config}` | {seeds} | {_fmt(row['best_sampled'])} | {_fmt(row['final_sampled'])} | "
+            f"{_fmt(row['best_greedy'])} | {_fmt(row.get('best_sampled_minus_grpo'))} | {zero_text} |"
+        )
+    return lines
+
+
 def sweep(
     out: Path,
     configs: list[str],
@@ -338,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     for line in table_lines(summary["table"]):
         print(line)
+    (args.out / "sweep.md").write_text("\n".join(table_markdown(summary["table"])) + "\n")
     print(json.dumps(summary["table"]))
     return 0
 
