@@ -10,9 +10,9 @@ every ``test_freq`` steps.
 
 Runs go to ``OUT/<config>/seed<k>/``; a run that finished has ``OUT/<config>/seed<k>/done.json`` and is not run
 again, so an interrupted sweep resumes where it stopped (a run cut short is started afresh). ``OUT/sweep.json``
-holds the table (:func:`summarise`; ``OUT/sweep.md`` as Markdown), ``OUT/sweep_sampled.png`` and ``OUT/sweep_greedy.png`` the curves (mean and
-min-max band over seeds, one panel per configuration, GRPO in grey in each); the last line printed is the table's
-JSON.
+holds the table (:func:`summarise`; ``OUT/sweep.md`` as Markdown), ``OUT/sweep_sampled.png`` and
+``OUT/sweep_greedy.png`` the curves (mean and min-max band over seeds, one panel per configuration, GRPO in grey in
+each); the last line printed is the table's JSON.
 
 Per configuration, over the seeds that finished: best and final validation accuracy (sampled and greedy), the
 steps to GRPO's best at the same seed (sampled validation), the mean zero-advantage fraction, the responses trained
