@@ -598,9 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = prepare(args.workdir)
     run_dir = os.path.abspath(args.run_dir or os.path.join(args.workdir, "run"))
     if args.rollout == "vllm":
-        env = vllm_launcher_env(
-            paths,
-            run_dir,
+        # The run's settings, split between the GPU launcher's variables and the overrides it has no variable for.
+        run = dict(
             method=args.method,
             steps=args.steps,
             questions=args.questions,
@@ -608,18 +607,12 @@ def main(argv: list[str] | None = None) -> int:
             shape=shape,
             without=without,
         )
+        env = vllm_launcher_env(paths, run_dir, **run)
         env["DIVA_GPU_LAUNCHER"] = launcher_for(args.method)
         if args.launcher_env_out:
             with open(args.launcher_env_out, "w") as f:
                 f.write("".join(f"{k}={v}\n" for k, v in env.items()))
-        lines = vllm_cpu_overrides(
-            method=args.method,
-            steps=args.steps,
-            questions=args.questions,
-            rollout_n=args.rollout_n,
-            shape=shape,
-            without=without,
-        )
+        lines = vllm_cpu_overrides(**run)
     else:
         lines = None
     lines = lines or cpu_overrides(
