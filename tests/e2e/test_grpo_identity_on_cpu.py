@@ -38,7 +38,8 @@ import time
 import pytest
 from tiny_launch import run_tiny_cpu
 
-from verl_ext.cpu.grpo_identity import compare_runs, format_result, prepare_task, read_records
+from verl_ext.cpu.grpo_identity import compare_runs, format_result, prepare_task
+from verl_ext.cpu.probe import read_actor_inputs
 
 STEPS = 2
 LAUNCH_TIMEOUT_S = 900
@@ -106,7 +107,7 @@ def test_diva_without_its_additions_logs_what_grpo_logs(runs):
 
 def test_the_diva_run_had_one_prompt_per_question_and_no_additions(runs):
     """What makes the comparison the identity: DIVA's dataset gave only originals, each with all 8 responses."""
-    for step, record in read_records(str(runs["diva"])).items():
+    for step, record in read_actor_inputs(str(runs["diva"])).items():
         kinds = [info["variant_kind"] for info in record["extra_info"]]
         assert kinds == ["original"] * 16, step
         questions = [info["question_id"] for info in record["extra_info"]]

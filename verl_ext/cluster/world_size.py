@@ -26,9 +26,7 @@ and ``NODES=2``) compares
 from __future__ import annotations
 
 import argparse
-import glob
 import math
-import os
 import re
 import sys
 
@@ -124,16 +122,6 @@ def record_differences(a: dict, b: dict) -> tuple[list[str], int]:
     return differences, compared
 
 
-def load_records(run_dir: str) -> dict[int, dict]:
-    import torch
-
-    records = {}
-    for path in glob.glob(os.path.join(run_dir, "probe", "actor_inputs_step*.pt")):
-        record = torch.load(path, weights_only=False)
-        records[int(record["step"])] = record
-    return records
-
-
 def compare_runs(run_a: str, run_b: str, ranks_a: int, ranks_b: int) -> tuple[list[str], dict]:
     """:func:`metric_differences` over every logged value and :func:`record_differences` over every step both
     recorded; returns the differences and the counts compared."""
@@ -142,7 +130,9 @@ def compare_runs(run_a: str, run_b: str, ranks_a: int, ranks_b: int) -> tuple[li
     steps_a, steps_b = load_run(run_a).log.steps, load_run(run_b).log.steps
     shared = {s: v for s, v in steps_a.items() if s in steps_b}
     differences, values = metric_differences(shared, steps_b, ranks_a, ranks_b)
-    records_a, records_b = load_records(run_a), load_records(run_b)
+    from verl_ext.cpu.probe import read_actor_inputs
+
+    records_a, records_b = read_actor_inputs(run_a), read_actor_inputs(run_b)
     responses = 0
     for step in sorted(set(records_a) & set(records_b)):
         found, count = record_differences(records_a[step], records_b[step])

@@ -30,7 +30,6 @@ writes it) and exits 1 when a value differs beyond its tolerance (docs/algo/diva
 from __future__ import annotations
 
 import argparse
-import glob
 import io
 import json
 import math
@@ -267,25 +266,15 @@ def compare_records(reference: dict[int, dict], candidate: dict[int, dict], stat
     return missing
 
 
-def read_records(run_dir: str) -> dict[int, dict]:
-    """The probe records of a run folder (``probe/actor_inputs_step<N>.pt``), by step."""
-    import torch
-
-    records = {}
-    for path in glob.glob(os.path.join(run_dir, "probe", "actor_inputs_step*.pt")):
-        record = torch.load(path, weights_only=False)
-        records[int(record["step"])] = record
-    return records
-
-
 def compare_runs(reference_dir: str, candidate_dir: str) -> IdentityResult:
     """:func:`compare_metrics` and :func:`compare_records` of two run folders (the reference: the GRPO baseline)."""
+    from verl_ext.cpu.probe import read_actor_inputs
     from verl_ext.report.run import load_run
 
     stats: dict[str, KeyStats] = {}
     ref_log, cand_log = load_run(reference_dir).log.steps, load_run(candidate_dir).log.steps
     only_ref, only_cand, missing = compare_metrics(ref_log, cand_log, stats)
-    ref_records, cand_records = read_records(reference_dir), read_records(candidate_dir)
+    ref_records, cand_records = read_actor_inputs(reference_dir), read_actor_inputs(candidate_dir)
     for records, which in ((ref_records, "the reference"), (cand_records, "the candidate")):
         if not records:
             missing.append(f"no probe records (probe/actor_inputs_step*.pt) in {which}")

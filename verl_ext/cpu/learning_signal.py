@@ -20,9 +20,7 @@ trained step :func:`signal_figures` reads what the actor consumed and reports:
 from __future__ import annotations
 
 import argparse
-import glob
 import json
-import os
 import sys
 
 RIGHT = 0.9  # verl_ext.reward: 0.9 for the right answer + 0.1 for the format
@@ -78,14 +76,12 @@ def step_signal(record: dict) -> dict:
 
 def signal_figures(run_dir: str) -> list[dict]:
     """:func:`step_signal` of every step the run recorded, in step order."""
-    import torch
+    from verl_ext.cpu.probe import read_actor_inputs
 
-    records = []
-    for path in glob.glob(os.path.join(run_dir, "probe", "actor_inputs_step*.pt")):
-        records.append(step_signal(torch.load(path, weights_only=False)))
+    records = read_actor_inputs(run_dir)
     if not records:
         raise ValueError(f"{run_dir}: no probe/actor_inputs_step*.pt (was the run made with DIVA_CPU_PROBE_DIR set?)")
-    return sorted(records, key=lambda r: r["step"])
+    return [step_signal(records[step]) for step in sorted(records)]
 
 
 def run_means(steps: list[dict]) -> dict:

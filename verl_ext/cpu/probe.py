@@ -96,6 +96,17 @@ class ActorInputProbe:
             json.dump(state, f, sort_keys=True, default=str)
 
 
+def read_actor_inputs(run_dir: str) -> dict[int, dict]:
+    """The records a run's probe saved (``<run_dir>/probe/actor_inputs_step<N>.pt``), by step."""
+    import glob
+
+    records = {}
+    for path in glob.glob(os.path.join(run_dir, "probe", "actor_inputs_step*.pt")):
+        record = torch.load(path, weights_only=False)
+        records[int(record["step"])] = record
+    return records
+
+
 def install_probe(trainer_mode: str, probe_dir: str):
     """Replace the trainer registered as ``trainer_mode`` (in this process) by its probed subclass; returns it."""
     from verl.trainer.ppo.v1 import trainer_base
