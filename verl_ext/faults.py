@@ -132,9 +132,14 @@ def inject(point: str, step: int) -> None:
     if (point, int(step)) not in armed:
         return
     node = armed[(point, int(step))]
-    victims = local_node_processes(node, _gcs_address()) if node else [os.getpid()]
-    if not _claim(_mark(point, int(step)), f"pid {os.getpid()} kills {node or 'itself'}: {victims}\n"):
+    # The mark is claimed before the node's processes are scanned: a process reaching the point after the fault fired
+    # returns at once instead of scanning /proc for nothing. The victims are added to the mark's record after.
+    mark = _mark(point, int(step))
+    if not _claim(mark, f"pid {os.getpid()} kills {node or 'itself'}"):
         return
+    victims = local_node_processes(node, _gcs_address()) if node else [os.getpid()]
+    with open(mark, "a") as record:
+        record.write(f": {victims}\n")
     if node is None:
         print(f"[fault] {point}@{step}: killing pid {os.getpid()} (SIGKILL)", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)

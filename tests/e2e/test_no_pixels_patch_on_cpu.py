@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import verl  # noqa: F401  (loads the plugin, which applies the patch)
+from agent_loop_rows import trajectory
 from tensordict import NonTensorStack, TensorDict
 from verl.models.transformers import qwen2_vl
 from verl.utils import tensordict_utils as tu
@@ -47,36 +48,6 @@ def tiny(tmp_path_factory):
     return model, AutoProcessor.from_pretrained(folder)
 
 
-def row(model, processor, rng, with_image: bool, text: str, response: str) -> dict:
-    """One trajectory as verl's agent loop stores it (processor-made prompt, M-RoPE positions, pixels)."""
-    from PIL import Image
-
-    content = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": text}]
-    chat = processor.apply_chat_template(
-        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-    )
-    images = [Image.fromarray(rng.integers(0, 255, (56, 56, 3), dtype=np.uint8))] if with_image else None
-    encoded = processor(text=[chat], images=images, return_tensors="pt")
-    prompt = encoded["input_ids"][0]
-    answer = torch.tensor(processor.tokenizer.encode(response))
-    ids = torch.cat([prompt, answer])
-    pixels = {k: encoded[k] for k in ("pixel_values", "image_grid_thw") if k in encoded}
-    if with_image:  # verl's agent loop: the text index row, then the model's rope index
-        mm_types = (ids == model.config.image_token_id).int().unsqueeze(0)
-        rope, _ = model.model.get_rope_index(
-            ids.unsqueeze(0), mm_token_type_ids=mm_types, image_grid_thw=pixels["image_grid_thw"]
-        )
-        rope = rope[:, 0]
-    else:
-        rope = torch.arange(len(ids)).expand(3, -1)
-    return {
-        "input_ids": ids,
-        "position_ids": torch.cat([torch.arange(len(ids)).unsqueeze(0), rope]),
-        "responses": answer,
-        "pixels": pixels,
-    }
-
-
 def batch(rows: list[dict]) -> TensorDict:
     """The rows in verl's no-padding layout (jagged nested tensors, ``(B, 4, j)`` positions)."""
 
@@ -95,7 +66,7 @@ def batch(rows: list[dict]) -> TensorDict:
             "responses": nested(responses),
             "response_mask": nested(torch.ones_like(x) for x in responses),
             "loss_mask": nested(torch.ones_like(x) for x in responses),
-            "multi_modal_inputs": NonTensorStack(*[r["pixels"] for r in rows]),
+            "multi_modal_inputs": NonTensorStack(*[r["multi_modal_inputs"] for r in rows]),
         },
         batch_size=[len(rows)],
     )
@@ -106,7 +77,10 @@ def by_hand(model, r: dict) -> torch.Tensor:
     ids = r["input_ids"]
     with torch.no_grad():
         logits = model(
-            input_ids=ids.unsqueeze(0), position_ids=r["position_ids"].unsqueeze(1), use_cache=False, **r["pixels"]
+            input_ids=ids.unsqueeze(0),
+            position_ids=r["position_ids"].unsqueeze(1),
+            use_cache=False,
+            **r["multi_modal_inputs"],
         ).logits[0]
     log_probs = torch.log_softmax(logits.float(), -1).gather(-1, torch.roll(ids, -1).unsqueeze(-1)).squeeze(-1)
     return log_probs[-len(r["responses"]) - 1 : -1]
@@ -143,7 +117,7 @@ def verl_patched(tiny, monkeypatch):
 
     model, processor = tiny
     rng = np.random.default_rng(0)
-    rows = [row(model, processor, rng, *spec) for spec in ROWS]
+    rows = [trajectory(processor, model, rng, *spec) for spec in ROWS]
     expected = [by_hand(model, r) for r in rows]  # before verl patches the classes
     for module in (hf2, hf25):
         for name in ("Model", "ForConditionalGeneration", "Attention"):

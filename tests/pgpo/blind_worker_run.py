@@ -21,43 +21,11 @@ import sys
 from verl_ext.cpu import CPU_ENV
 
 os.environ.update(CPU_ENV)
+# tests/ on the path for the shared trajectory builder (run as a script, this file's own folder is on it).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from agent_loop_rows import trajectory  # noqa: E402
 
 RECIPE_CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "recipe", "diva_grpo", "config")
-
-
-def trajectory(processor, model, rng, with_image: bool, text: str, response: str) -> dict:
-    import numpy as np
-    import torch
-    from PIL import Image
-
-    content = ([{"type": "image"}] if with_image else []) + [{"type": "text", "text": text}]
-    chat = processor.apply_chat_template(
-        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
-    )
-    images = [Image.fromarray(rng.integers(0, 255, (56, 56, 3), dtype=np.uint8))] if with_image else None
-    encoded = processor(text=[chat], images=images, return_tensors="pt")
-    prompt = encoded["input_ids"][0]
-    answer = torch.tensor(processor.tokenizer.encode(response))
-    ids = torch.cat([prompt, answer])
-    multi_modal = {k: encoded[k] for k in ("pixel_values", "image_grid_thw") if k in encoded}
-    if with_image:  # verl's agent loop: the text index row, then the model's rope index
-        mm_types = (ids == model.config.image_token_id).int().unsqueeze(0)
-        rope, _ = model.model.get_rope_index(
-            ids.unsqueeze(0), mm_token_type_ids=mm_types, image_grid_thw=multi_modal["image_grid_thw"]
-        )
-        rope = rope[:, 0]
-    else:
-        rope = torch.arange(len(ids)).expand(3, -1)
-    return {
-        "prompts": prompt,
-        "responses": answer,
-        "input_ids": ids,
-        "attention_mask": torch.ones_like(ids),
-        "position_ids": torch.cat([torch.arange(len(ids)).unsqueeze(0), rope]),
-        "response_mask": torch.ones_like(answer),
-        "loss_mask": torch.ones_like(answer),
-        "multi_modal_inputs": multi_modal,
-    }
 
 
 def main(workdir: str) -> None:

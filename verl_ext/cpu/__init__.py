@@ -7,7 +7,7 @@ mode is switched on explicitly, by ``VERL_PLATFORM=cpu`` in every process of the
 
 Modules: :mod:`.platform` (the platform), :mod:`.rollout` (server, replica, adapter), :mod:`.patches`,
 :mod:`.tiny_model` (model, tokenizer and processor built locally), :mod:`.reward` (a reward that separates a
-random model's responses), :mod:`.overrides` (the Hydra overrides of a CPU run), :mod:`.probe` (what the
+random model's responses), :mod:`.launch` (the Hydra overrides of a CPU run and its launch), :mod:`.probe` (what the
 actor consumed, for the end-to-end test).
 """
 
