@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GRPO baseline at DIVA's response budget: the same questions per step, no variants, 10 rollouts per
-# prompt (DIVA: 2 prompts x 5 rollouts per question). Same data files (DIVA parquet loads in verl's dataset).
+# prompt (DIVA: 2 prompts x 5 rollouts per question). Same data files (DIVA parquet loads in verl's dataset) and the
+# same images: MAX_PIXELS limits them as it limits DIVA's (verl_ext/data/pixel_limit.py).
 #   bash run_scripts/qwen25vl7b_grpo.sh              # train (needs GPUs or RAY_ADDRESS)
 #   DRY_RUN=1 bash run_scripts/qwen25vl7b_grpo.sh    # CPU preflight
 # verl's GRPO estimator on the toolkit trainer, which logs grpo/collapse_rate beside DIVA's for diva-report;
@@ -13,4 +14,4 @@ export VARIANTS_PER_QUESTION=0
 export ROLLOUT_N="${ROLLOUT_N:-10}"
 export EXPERIMENT_NAME="${EXPERIMENT_NAME:-qwen25vl7b_grpo_n${ROLLOUT_N}}"
 exec bash "$(dirname "${BASH_SOURCE[0]}")/qwen25vl7b_diva.sh" \
-  data.custom_cls.path=null data.custom_cls.name=null "$@"
+  data.custom_cls.path=pkg://verl_ext.data.pixel_limit data.custom_cls.name=PixelLimitedDataset "$@"

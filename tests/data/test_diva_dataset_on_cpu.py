@@ -19,7 +19,7 @@ from verl_ext.data.dataset import (
     DivaDataset,
     resolve_split,
 )
-from verl_ext.data.dataset import _image_items as image_items
+from verl_ext.data.pixel_limit import image_items
 from verl_ext.data.sampler import QuestionBlockSampler
 from verl_ext.data.schema import HINT_HEADER
 

@@ -11,7 +11,7 @@ from diva_data_fixtures import PROCESSOR, data_config, images_of, user_text
 from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from verl_ext.data.dataset import DIVA_ONLY_COLUMNS, EXTRA_INFO_KEYS, DivaDataset
-from verl_ext.data.dataset import _image_items as image_items
+from verl_ext.data.pixel_limit import image_items
 
 # Difficulties across the planner's range: easy (image perturbations), middling (paraphrases), hard (hints).
 DIFFICULTIES = [1.0, 3.0, 5.0, 7.0, 9.0, 2.0]

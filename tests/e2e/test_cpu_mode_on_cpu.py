@@ -171,7 +171,8 @@ def test_tiny_run_overrides_compose_at_the_same_response_budget(method, tmp_path
     assert cfg.data.train_batch_size * cfg.actor_rollout_ref.rollout.n == 16  # responses per step, every method
     expected_mode = {"diva": "diva_grpo", "grpo": "toolkit", "avspo": "toolkit"}[method]
     assert cfg.trainer.v1.trainer_mode == expected_mode
-    assert (cfg.data.custom_cls.path is None) == (method != "diva")
+    dataset = "DivaDataset" if method == "diva" else "PixelLimitedDataset"  # every method's images limited alike
+    assert cfg.data.custom_cls.name == dataset
 
 
 def test_unknown_method_is_refused_with_the_known_ones():

@@ -1,12 +1,13 @@
 """NC-GRPO trained for real on the CPU, once per rollout backend, with a checkpoint and a resume.
 
-* ``hf_cpu``: ``METHOD=noise_contrastive_grpo run_scripts/tiny_cpu.sh``, two steps, a checkpoint, a fresh trainer
-  resumes for a third; the run's own check reads the method's gap of the tokens sampled from the clean policy (every
-  token of the clean responses: the default reading displaces all of a noisy response's tokens). The noisy rollouts
-  differ from the clean rollouts the same seeds give: step 1's noisy responses are generated again by the ``hf_cpu``
-  server's code without the noise (the same prompts, images, seeds and initial weights), which gives back every
-  clean response token for token and differs from the noisy ones; the branch metric each step logs (from the clean
-  twin the agent loop sends with every noisy request) is that by-hand count.
+* ``hf_cpu``: ``METHOD=noise_contrastive_grpo NODES=2 run_scripts/tiny_cpu.sh`` (CI's toolkit method at world size
+  2: two Ray nodes, two training ranks, a replica per node), two steps, a checkpoint, a fresh trainer resumes for a
+  third; the run's own check reads the method's gap of the tokens sampled from the clean policy (every token of the
+  clean responses: the default reading displaces all of a noisy response's tokens). The noisy rollouts differ from the
+  clean rollouts the same seeds give: step 1's noisy responses are generated again by the ``hf_cpu`` server's code
+  without the noise (the same prompts, images, seeds and initial weights), which gives back every clean response token
+  for token and differs from the noisy ones; the branch metric each step logs (from the clean twin the agent loop
+  sends with every noisy request) is that by-hand count.
 * vLLM (the GPU stack's environment; ``DIVA_REQUIRE_VLLM=1`` fails instead of skipping): the same launch through the
   method's GPU launcher; the exact log-prob check passes on every token of every response, the noisy ones held to
   their own displaced recomputation, and their gap to the clean policy shows the worker extension displaced them.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import glob
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -128,8 +130,11 @@ def _clean_rollouts_of_the_same_seeds(model: str, record: dict, run_seed: int) -
 
 def test_hf_cpu_trains_checkpoints_resumes_and_its_noisy_rollouts_branch(tmp_path):
     run_dir = tmp_path / "run"
-    out = _launch(tmp_path, run_dir, 1100, STEPS="2", RESUME_STEPS="1")
+    out = _launch(tmp_path, run_dir, 1500, NODES="2", STEPS="2", RESUME_STEPS="1")
     assert "[cpu] PASSED" in out  # the run's checks, on the tokens sampled from the clean policy (session._checked)
+    for role in ("training ranks", "rollout replicas"):  # one of each per node
+        placed = re.search(rf"\[cluster\] {role}: (.*)", out).group(1).split(", ")
+        assert sorted(p.split()[1] for p in placed) == ["head", "node-1"], (role, placed)
     metrics = _metrics(run_dir)
     _check_metrics(metrics, [1, 2, 3])
     assert json.loads((run_dir / "probe" / "train_begin_step3.json").read_text())  # the resumed trainer's start

@@ -76,7 +76,10 @@ def test_grpo_baseline_has_the_same_response_budget():
     assert grpo.algorithm.adv_estimator == "grpo" and grpo.trainer.v1.trainer_mode == "toolkit"
     plain = compose_overrides(launcher_overrides("run_scripts/qwen25vl7b_grpo.sh", TRAINER_MODE="sync"))
     assert plain.trainer.v1.trainer_mode == "sync"
-    assert grpo.data.custom_cls.path is None  # verl's own dataset on the same parquet
+    # verl's own dataset on the same parquet, the images limited as DIVA's are (the same MAX_PIXELS)
+    assert grpo.data.custom_cls.path == "pkg://verl_ext.data.pixel_limit"
+    assert grpo.data.custom_cls.name == "PixelLimitedDataset"
+    assert grpo.diva.variants.max_pixels == diva.diva.variants.max_pixels
     assert grpo.actor_rollout_ref.rollout.n == 10
     assert grpo.data.train_batch_size * grpo.actor_rollout_ref.rollout.n == (
         diva.data.train_batch_size * diva.actor_rollout_ref.rollout.n

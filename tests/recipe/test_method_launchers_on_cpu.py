@@ -23,6 +23,7 @@ LAUNCHERS = {
 }
 # The GRPO baseline's launcher runs on the toolkit trainer too (tests/recipe/test_launchers_on_cpu.py composes it).
 TOOLKIT_LAUNCHERS = sorted([*LAUNCHERS, "grpo"])
+PIXEL_LIMITED = ("pkg://verl_ext.data.pixel_limit", "PixelLimitedDataset")
 
 
 @pytest.mark.parametrize("method", sorted(LAUNCHERS))
@@ -31,7 +32,8 @@ def test_method_launcher_composes_the_toolkit_run(method):
     cfg = compose_overrides(launcher_overrides(f"run_scripts/qwen25vl7b_{method}.sh"))
     assert cfg.algorithm.adv_estimator == method
     assert cfg.trainer.v1.trainer_mode == "toolkit"
-    assert cfg.data.custom_cls.path is None  # verl's own dataset on the DIVA parquet, no variants
+    # verl's own dataset on the DIVA parquet, no variants, the images limited as DIVA's are (MAX_PIXELS)
+    assert (cfg.data.custom_cls.path, cfg.data.custom_cls.name) == PIXEL_LIMITED
     assert cfg.actor_rollout_ref.rollout.n == n
     assert cfg.data.train_batch_size == prompts == cfg.actor_rollout_ref.actor.ppo_mini_batch_size
     assert cfg.trainer.experiment_name == f"qwen25vl7b_{method}"

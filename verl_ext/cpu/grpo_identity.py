@@ -3,7 +3,8 @@ consumed, step by step.
 
 With every addition off (:mod:`verl_ext.cpu.ablations`, ``WITHOUT=all``) the DIVA trainer is verl's GRPO: one prompt
 per question with all its responses, the advantage a z-score over them. A run of it and a run of the GRPO baseline
-(``METHOD=grpo``: verl's estimator, verl's ``RLHFDataset``) with the same seed, data and responses per question must
+(``METHOD=grpo``: verl's estimator, verl's ``RLHFDataset`` through
+:class:`~verl_ext.data.pixel_limit.PixelLimitedDataset`) with the same seed, data and responses per question must
 then log the same values. :func:`compare_runs` reads both run folders and compares
 
 * every metric both logged at every step (verl's file logger, merged as ``diva-report`` merges it), but for those
@@ -18,9 +19,10 @@ Each value has a tolerance (:data:`METRIC_TOLERANCE`, :data:`RECORD_TOLERANCES`;
 difference can come from) and the result (:class:`IdentityResult`) holds, per key, how many values were compared,
 the largest absolute and relative difference and how many exceed the tolerance.
 
-verl's dataset does not resize images (DIVA's gives every image ``diva.variants.max_pixels`` for the processor), so
-the two runs would see an image at different resolutions unless it already has the size the model takes:
-:func:`prepare_task` writes the tiny run's task that way (:func:`model_size`).
+Both datasets give every image ``diva.variants.max_pixels`` for the processor (:mod:`verl_ext.data.pixel_limit`;
+before it, verl's plain dataset sent the images unlimited, and the two runs saw them at different resolutions).
+:func:`prepare_task` also writes the tiny run's task at the size the model takes (:func:`model_size`), so that the
+check does not rest on the resize either.
 
 ``python -m verl_ext.cpu.grpo_identity task WORKDIR`` prepares that task in a ``run_scripts/tiny_cpu.sh`` work
 folder; ``python -m verl_ext.cpu.grpo_identity compare GRPO_RUN DIVA_RUN`` prints the comparison (``--json FILE``

@@ -70,11 +70,11 @@ import numpy as np
 import pyarrow.compute as pc
 import torch
 from PIL import Image
-from verl.utils.dataset.rl_dataset import RLHFDataset
 
 from verl_ext.config import diva_config_from
 from verl_ext.data import file_checks, schema
 from verl_ext.data.perturb import apply_perturbations
+from verl_ext.data.pixel_limit import PixelLimitedDataset, image_items, limit_image_pixels
 from verl_ext.data.planner import ORIGINAL_PLAN, TEXT_IN_IMAGE, RowFeatures, VariantPlan, get_planner
 from verl_ext.difficulty.shared_table import SharedDifficultyTable
 
@@ -149,16 +149,6 @@ LONGEST_PROMPT_COLUMN = "__diva_longest_prompt"
 DIVA_ONLY_COLUMNS = ("question", "paraphrases", "hint_steps", "text_in_image", "difficulty")
 
 
-def _image_items(messages: list[dict]) -> list[dict]:
-    return [
-        item
-        for message in messages
-        if isinstance(message.get("content"), list)
-        for item in message["content"]
-        if item.get("type") == "image"
-    ]
-
-
 def _with_rotation_sentence(text: str, degrees: float, num_images: int) -> str:
     """The question followed by the sentence that states the rotation (positive degrees: counter-clockwise)."""
     subject = "The image has" if num_images == 1 else "Each image has"
@@ -188,8 +178,9 @@ def _passthrough(item: dict) -> Any:
     return item["image"]
 
 
-class DivaDataset(RLHFDataset):
-    """verl ``RLHFDataset`` that emits each question's original plus ``m`` difficulty-matched variants.
+class DivaDataset(PixelLimitedDataset):
+    """verl ``RLHFDataset`` (every image limited to ``diva.variants.max_pixels``: :mod:`verl_ext.data.pixel_limit`)
+    that emits each question's original plus ``m`` difficulty-matched variants.
 
     Args:
         data_files, tokenizer, config, processor, max_samples: as ``RLHFDataset``; ``config.diva`` holds
@@ -353,8 +344,7 @@ class DivaDataset(RLHFDataset):
         for column in DIVA_ONLY_COLUMNS:
             row.pop(column, None)
         # One resolution limit for originals and variants alike: the processor (qwen_vl_utils) reads it per image.
-        for item in _image_items(row["raw_prompt"]):
-            item.setdefault("max_pixels", self.diva_config.variants.max_pixels)
+        limit_image_pixels(row["raw_prompt"], self.diva_config.variants.max_pixels)
         return row
 
     def _decode_images(self, items: list[dict]) -> tuple[list[Image.Image] | None, str]:
@@ -373,7 +363,7 @@ class DivaDataset(RLHFDataset):
         """Plan slot ``slot`` of the question and rewrite ``row``'s prompt and images in place."""
         cfg = self.diva_config.variants
         messages = row["raw_prompt"]
-        items = _image_items(messages)
+        items = image_items(messages)
         decoded, decode_error = self._decode_images(items) if items else ([], "")
         paraphrases = list(row.get("paraphrases") or [])
         hint_steps = list(row.get("hint_steps") or [])
