@@ -1,10 +1,11 @@
-"""verl's vLLM worker extension, for vLLM's CPU build: linear layers keep their weight so verl can sync into them.
+"""verl's vLLM worker extension, for vLLM's CPU build: linear layers keep their weight so verl can sync into them, and
+the warm-up runs without autograd, as on a GPU.
 
 verl's vLLM server names its worker extension (``vLLMColocateWorkerExtension``: weight sync, LoRA, logits patch)
 in vLLM's ``worker_extension_cls``; ``actor_rollout_ref.rollout.engine_kwargs.vllm.worker_extension_cls`` replaces
 it (verl spreads ``engine_kwargs`` after its own arguments). The CPU run names :class:`CpuWorkerExtension`, which
-is verl's class plus one named patch, applied in vLLM's worker process when vLLM builds its worker (before the model
-is loaded), so it depends on no import order:
+is verl's class plus two named patches, applied in vLLM's worker process when vLLM builds its worker (before the model
+is loaded), so they depend on no import order:
 
 ``keep_cpu_linear_weights`` lifts vLLM's CPU assumption "weights are loaded once". After loading, vLLM's CPU
 backend hands every 2-D linear weight to ``dispatch_cpu_unquantized_gemm`` (``vllm/model_executor/layers/utils.py``),
@@ -15,7 +16,15 @@ would be ignored. The patch keeps each weight and computes ``F.linear(x, layer.w
 so reloaded weights are the weights used. Non-2-D weights (convolutions) and layers on the meta device go to vLLM's
 code unchanged.
 
-Used only on vLLM's CPU platform: the patch refuses any other (a GPU run never names this extension; the CPU
+``warm_up_in_inference_mode`` lifts vLLM's CPU assumption "the warm-up needs no inference mode". vLLM's GPU worker
+profiles the model under ``torch.inference_mode()`` (``Worker.determine_available_memory``); its CPU worker overrides
+that method without it, and ``CPUModelRunner.warming_up_model`` runs the dummy multimodal encoder pass with autograd
+on. At tensor parallel 1 nothing notices; at 2 the vision attention all-gathers over gloo into views of its output,
+and autograd refuses the in-place write ("A view was created in no_grad mode and is being modified inplace with grad
+mode enabled"): the engine does not start. The patch runs ``warming_up_model`` in inference mode, as the GPU worker
+runs its profile.
+
+Used only on vLLM's CPU platform: the patches refuse any other (a GPU run never names this extension; the CPU
 launcher does, :func:`verl_ext.cpu.launch.vllm_cpu_overrides`).
 """
 
@@ -64,9 +73,38 @@ def keep_cpu_linear_weights() -> bool:
     return True
 
 
+WARM_UP_PATCH_NAME = "warm_up_in_inference_mode"
+
+
+def warm_up_in_inference_mode() -> bool:
+    """Apply the warm-up patch in this process (idempotent); returns True when it was applied now."""
+    import functools
+
+    from vllm.platforms import current_platform
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    if not current_platform.is_cpu():
+        raise RuntimeError(f"{WARM_UP_PATCH_NAME} is for vLLM's CPU build only")
+    warm_up = CPUModelRunner.warming_up_model
+    if getattr(warm_up, "_diva_patch", None) == WARM_UP_PATCH_NAME:
+        return False
+
+    @functools.wraps(warm_up)
+    def warming_up_model(self, *args, **kwargs):
+        with torch.inference_mode():
+            return warm_up(self, *args, **kwargs)
+
+    warming_up_model._diva_patch = WARM_UP_PATCH_NAME
+    CPUModelRunner.warming_up_model = warming_up_model
+    logger.info("%s: vLLM's CPU warm-up runs in inference mode, as its GPU profile does", WARM_UP_PATCH_NAME)
+    return True
+
+
 class CpuWorkerExtension(vLLMColocateWorkerExtension):
-    """verl's worker extension with :func:`keep_cpu_linear_weights` applied in the vLLM worker process."""
+    """verl's worker extension with :func:`keep_cpu_linear_weights` and :func:`warm_up_in_inference_mode` applied in
+    the vLLM worker process."""
 
     def __new__(cls, **kwargs):
         keep_cpu_linear_weights()
+        warm_up_in_inference_mode()
         return super().__new__(cls, **kwargs)
