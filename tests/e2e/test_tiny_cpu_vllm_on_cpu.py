@@ -178,3 +178,21 @@ def test_keep_cpu_linear_weights_lifts_vllms_drop_of_linear_weights(monkeypatch,
     with torch.no_grad():
         kept.weight.copy_(torch.randn(6, 8))  # what verl's weight sync does
     torch.testing.assert_close(utils.cpu_unquantized_gemm(kept, x, kept.weight), x @ kept.weight.T)
+
+
+def test_warm_up_in_inference_mode_runs_vllms_cpu_warm_up_without_autograd(monkeypatch, vllm_required):
+    """vLLM's CPU model runner warms up with autograd on (its GPU worker profiles in inference mode), which a tensor
+    parallel all-gather into views refuses; the patched warm-up runs vLLM's own method in inference mode."""
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    from verl_ext.cpu.vllm_worker import warm_up_in_inference_mode
+
+    seen = []
+    monkeypatch.setattr(CPUModelRunner, "warming_up_model", lambda self: seen.append(torch.is_inference_mode_enabled()))
+    runner = CPUModelRunner.__new__(CPUModelRunner)  # the warm-up's mode is all this checks
+    runner.warming_up_model()
+    assert warm_up_in_inference_mode() is True
+    assert warm_up_in_inference_mode() is False  # idempotent
+    runner.warming_up_model()
+    assert seen == [False, True]
+    assert not torch.is_inference_mode_enabled()
