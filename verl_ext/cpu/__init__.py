@@ -27,7 +27,7 @@ def cpu_mode_requested() -> bool:
     return os.environ.get("VERL_PLATFORM", "").strip().lower() == "cpu"
 
 
-# vLLM's worker extension for its CPU build (verl's, plus the patch keep_cpu_linear_weights), by qualified name:
+# vLLM's worker extension for its CPU build (verl's, plus keep_cpu_linear_weights and warm_up_in_inference_mode):
 # vLLM imports it in its worker process (rollout.engine_kwargs.vllm.worker_extension_cls).
 VLLM_WORKER_EXTENSION = "verl_ext.cpu.vllm_worker.CpuWorkerExtension"
 

@@ -386,8 +386,9 @@ VLLM_CPU_CHANGES: tuple[CpuChange, ...] = (
     CpuChange(
         "rollout.engine_kwargs.vllm.worker_extension_cls (NC-GRPO: WORKER_EXTENSION)",
         (f"{_AR}.rollout.engine_kwargs.vllm.worker_extension_cls",),
-        "device: vLLM's CPU build drops linear weights after loading (patch keep_cpu_linear_weights; NC-GRPO: its "
-        "noise extension with that patch, CpuNoiseWorkerExtension)",
+        "device: vLLM's CPU build drops linear weights after loading (patch keep_cpu_linear_weights) and warms up "
+        "with autograd on, which tensor parallel 2 refuses (patch warm_up_in_inference_mode; NC-GRPO: its noise "
+        "extension with both patches, CpuNoiseWorkerExtension)",
     ),
     CpuChange(
         "rollout.calculate_log_probs=true, actor.checkpoint.save_contents+=hf_model",

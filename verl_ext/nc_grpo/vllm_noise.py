@@ -18,7 +18,7 @@ changed):
 A request is flagged by :data:`~verl_ext.nc_grpo.noise.NOISE_KEY` in ``sampling_params.extra_args``. The noise is
 drawn on the CPU from the request's seed (:func:`verl_ext.nc_grpo.noise.noise_rows`) and moved to the device: every
 tensor-parallel rank adds the same numbers to its replicated hidden states. :class:`CpuNoiseWorkerExtension` adds
-the CPU build's ``keep_cpu_linear_weights`` patch (:mod:`verl_ext.cpu.vllm_worker`). Refused: vLLM's V2 model
+the CPU build's two patches (:mod:`verl_ext.cpu.vllm_worker`). Refused: vLLM's V2 model
 runner (another batch layout: set ``VLLM_USE_V2_MODEL_RUNNER=0``) and speculative decoding (more than one logits row
 per request).
 """
@@ -62,4 +62,4 @@ class NoiseWorkerExtension(vLLMColocateWorkerExtension):
 
 
 class CpuNoiseWorkerExtension(NoiseWorkerExtension, CpuWorkerExtension):
-    """:class:`NoiseWorkerExtension` on vLLM's CPU build (with ``keep_cpu_linear_weights``)."""
+    """:class:`NoiseWorkerExtension` on vLLM's CPU build (with its two patches, :class:`CpuWorkerExtension`)."""
