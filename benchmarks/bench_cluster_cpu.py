@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=None, help="folder for the tiny model, data and runs (default: a temp)")
     args = parser.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench_cluster_"))
+    workdir.mkdir(parents=True, exist_ok=True)  # a --workdir that does not exist yet
     figures: dict = {}
     for rollout in args.rollouts:
         one, two = launch(workdir, rollout, 1, args.steps), launch(workdir, rollout, 2, args.steps)
