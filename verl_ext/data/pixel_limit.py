@@ -45,7 +45,7 @@ class PixelLimitedDataset(RLHFDataset):
     ``data.custom_cls.path=pkg://verl_ext.data.pixel_limit data.custom_cls.name=PixelLimitedDataset``."""
 
     def __init__(self, data_files, tokenizer, config, processor=None, max_samples: int = -1):
-        self.max_pixels = int(diva_config_from(config.get("diva", None)).variants.max_pixels)
+        self.max_pixels = diva_config_from(config.get("diva", None)).variants.max_pixels
         super().__init__(data_files, tokenizer, config, processor=processor, max_samples=max_samples)
 
     def _build_messages(self, example: dict, key: str):
