@@ -175,6 +175,8 @@ def test_image_variants_really_change_the_pixels(parquet_files):
         seen.add(name)
         image = images_of(row)[0]
         assert image.size[0] * image.size[1] <= 3000
+        # The variant's rebuilt messages carry the limit for the processor, as the original's do.
+        assert [item["max_pixels"] for item in image_items(row["raw_prompt"])] == [3000]
         if image.size == (64, 48):
             assert np.abs(pixels(image) - original).mean() > 3.0, name
     assert len(seen) == 6

@@ -74,7 +74,7 @@ from PIL import Image
 from verl_ext.config import diva_config_from
 from verl_ext.data import file_checks, schema
 from verl_ext.data.perturb import apply_perturbations
-from verl_ext.data.pixel_limit import PixelLimitedDataset, image_items, limit_image_pixels
+from verl_ext.data.pixel_limit import PixelLimitedDataset, image_items
 from verl_ext.data.planner import ORIGINAL_PLAN, TEXT_IN_IMAGE, RowFeatures, VariantPlan, get_planner
 from verl_ext.difficulty.shared_table import SharedDifficultyTable
 
@@ -343,8 +343,8 @@ class DivaDataset(PixelLimitedDataset):
         # The parquet's DIVA columns were used above; they need not travel with every response through TransferQueue.
         for column in DIVA_ONLY_COLUMNS:
             row.pop(column, None)
-        # One resolution limit for originals and variants alike: the processor (qwen_vl_utils) reads it per image.
-        limit_image_pixels(row["raw_prompt"], self.diva_config.variants.max_pixels)
+        # Every image, original or variant, carries the resolution limit: both are built by _build_messages
+        # (PixelLimitedDataset's), the original's by RLHFDataset.__getitem__, a variant's by _make_variant's rebuild.
         return row
 
     def _decode_images(self, items: list[dict]) -> tuple[list[Image.Image] | None, str]:
