@@ -452,6 +452,19 @@ def test_every_method_has_a_page():
     assert sorted(pages - names) == [], f"docs/algo pages of no method: {sorted(pages - names)}"
 
 
+def test_readme_fidelity_table_has_every_method_and_each_page_its_section():
+    """The README's fidelity table names each method of its methods table that has a page, and each page says its
+    fidelity point by point."""
+    readme = (ROOT / "README.md").read_text()
+    found = {tuple(h.lower() for h in header[:2]): body for header, body in tables(readme)}
+    with_page = {cells[0] for cells in found[("method", "what it changes")] if "docs/algo/" in cells[-1]}
+    fidelity = {cells[0] for cells in found[("method", "follows")]}
+    missing, extra = sorted(with_page - fidelity), sorted(fidelity - with_page)
+    assert not missing and not extra, f"README's fidelity table: missing {missing}, rows of no method {extra}"
+    for page in _method_pages():
+        assert re.search(r"^## Fidelity", page.read_text(), re.M), f"{_rel(page)}: no '## Fidelity' section"
+
+
 @pytest.mark.parametrize("page", _method_pages(), ids=lambda p: p.stem)
 def test_option_table_is_the_config(page):
     method = _methods()[page.stem]
