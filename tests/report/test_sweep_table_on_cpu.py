@@ -9,12 +9,13 @@ import json
 import pytest
 from report_fixtures import write_log
 
-from verl_ext.cpu.sweep import CONFIGS, run_dir, summarise, table_lines
+from verl_ext.cpu.sweep import CONFIGS, run_config, run_dir, run_protocol, summarise, table_lines
 
 STEPS = (0, 2, 4)
+PROTOCOL = run_protocol(steps=4, test_freq=2, questions=8, rollout_n=4, warm_start="0123456789abcdef")
 
 
-def _run(out, config, seed, sampled, greedy, zero, responses_per_question=8, done=True):
+def _run(out, config, seed, sampled, greedy, zero, responses_per_question=8, done=True, protocol=PROTOCOL):
     folder = run_dir(out, config, seed)
     prefix = "diva" if CONFIGS[config].method == "diva_grpo" else CONFIGS[config].method
     records = []
@@ -30,7 +31,13 @@ def _run(out, config, seed, sampled, greedy, zero, responses_per_question=8, don
         records.append((step, data))
     write_log(folder / "metrics" / "proj" / "run.jsonl", records)
     if done:
-        record = {"config": config, "seed": seed, "minutes": 3.0, "responses_per_question": responses_per_question}
+        record = {
+            "config": config,
+            "seed": seed,
+            "minutes": 3.0,
+            "responses_per_question": responses_per_question,
+            "protocol": protocol,
+        }
         (folder / "done.json").write_text(json.dumps(record))
 
 
@@ -87,3 +94,43 @@ def test_markdown_table_has_a_row_per_configuration_with_its_paired_difference(t
         "0.000 [0.000, 0.000] | 0.550 |"
     )
     assert diva == "| `diva_grpo` | 0 | 0.600 | 0.550 | 0.500 | 0.000 | 0.200 |"
+
+
+def test_runs_of_another_protocol_are_neither_reused_nor_pooled(tmp_path):
+    """A finished run is reused only under its own protocol (steps, validation, batch, warm start): a sweep at
+    other settings in the same OUT stops naming the run and what differs, and the table refuses to pair runs of two
+    protocols (or a run that recorded none)."""
+    _run(tmp_path, "grpo", 0, [0.3, 0.5, 0.6], [0.25, 0.5, 0.5], [0.5] * 4)
+    assert run_config(tmp_path, "grpo", 0, {}, protocol=PROTOCOL)["seed"] == 0  # reused: nothing trains
+    longer = {**PROTOCOL, "steps": 20}
+    with pytest.raises(ValueError, match=r"grpo/seed0 finished under another protocol: steps 4 \(here 20\)"):
+        run_config(tmp_path, "grpo", 0, {}, protocol=longer)
+
+    _run(
+        tmp_path,
+        "diva_grpo",
+        0,
+        [0.3, 0.6, 0.55],
+        [0.25, 0.5, 0.5],
+        [0.2] * 4,
+        protocol={**PROTOCOL, "warm_start": "f" * 16},
+    )
+    with pytest.raises(
+        ValueError, match=r"different protocols cannot be paired or pooled: grpo/seed0: .*diva_grpo/seed0"
+    ):
+        summarise(tmp_path, ["grpo", "diva_grpo"], [0])
+    _run(tmp_path, "diva_grpo", 0, [0.3, 0.6, 0.55], [0.25, 0.5, 0.5], [0.2] * 4, protocol=None)
+    with pytest.raises(ValueError, match="different protocols"):
+        summarise(tmp_path, ["grpo", "diva_grpo"], [0])
+
+
+def test_the_warm_start_fingerprint_is_its_weights(tmp_path):
+    from verl_ext.cpu.sweep import warm_start_fingerprint
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "model.safetensors").write_bytes(b"weights" * 300_000)
+    (tmp_path / "b" / "model.safetensors").write_bytes(b"weights" * 299_999 + b"weightz")
+    first = warm_start_fingerprint(str(tmp_path / "a"))
+    assert len(first) == 16 and first == warm_start_fingerprint(str(tmp_path / "a"))
+    assert first != warm_start_fingerprint(str(tmp_path / "b"))

@@ -23,6 +23,7 @@ max over seeds.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import shutil
 import sys
@@ -82,14 +83,46 @@ def run_dir(out: Path, config: str, seed: int) -> Path:
     return out / config / f"seed{seed}"
 
 
-def run_config(
-    out: Path, config: str, seed: int, paths: dict, *, steps: int, test_freq: int, questions: int, rollout_n: int
-) -> dict:
-    """Train ``config`` at ``seed`` unless it finished before; returns its ``done.json``."""
+def warm_start_fingerprint(model_dir: str) -> str:
+    """The first 16 hex digits of the warm start's weights' SHA-256: runs are paired only from the same start."""
+    digest = hashlib.sha256()
+    with open(Path(model_dir) / "model.safetensors", "rb") as weights:
+        for block in iter(lambda: weights.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def run_protocol(*, steps: int, test_freq: int, questions: int, rollout_n: int, warm_start: str) -> dict:
+    """What a run's figures depend on beside its configuration and seed; kept in its ``done.json``."""
+    return {
+        "steps": steps,
+        "test_freq": test_freq,
+        "questions_per_step": questions,
+        "rollout_n": rollout_n,
+        "val_samples": VAL_SAMPLES,
+        "warm_start": warm_start,
+    }
+
+
+def _protocol_difference(got: dict | None, want: dict) -> str:
+    if got is None:
+        return "no protocol recorded (an older sweep's run)"
+    return ", ".join(f"{k} {got.get(k)!r} (here {v!r})" for k, v in want.items() if got.get(k) != v)
+
+
+def run_config(out: Path, config: str, seed: int, paths: dict, *, protocol: dict) -> dict:
+    """Train ``config`` at ``seed`` under ``protocol`` (:func:`run_protocol`) unless it finished before under the
+    same protocol; returns its ``done.json``. A run finished under another protocol is an error, not reused."""
     folder = run_dir(out, config, seed)
     done = folder / "done.json"
     if done.exists():
-        return json.loads(done.read_text())
+        record = json.loads(done.read_text())
+        if record.get("protocol") != protocol:
+            raise ValueError(
+                f"{folder} finished under another protocol: {_protocol_difference(record.get('protocol'), protocol)}."
+                " Its figures cannot be paired with this sweep's: use another OUT, or this run's settings"
+            )
+        return record
     if folder.exists():  # cut short: its metrics would mix two attempts
         shutil.rmtree(folder)
     spec = CONFIGS[config]
@@ -97,11 +130,11 @@ def run_config(
         spec.method,
         paths,
         out,
-        steps=steps,
-        test_freq=test_freq,
+        steps=protocol["steps"],
+        test_freq=protocol["test_freq"],
         seed=seed,
-        questions=questions,
-        rollout_n=rollout_n * spec.budget,
+        questions=protocol["questions_per_step"],
+        rollout_n=protocol["rollout_n"] * spec.budget,
         run_dir=folder,
         without=spec.without,
         extra=spec.extra,
@@ -111,7 +144,8 @@ def run_config(
         "config": config,
         "seed": seed,
         "minutes": round(timing["seconds"] / 60, 2),
-        "responses_per_question": 2 * rollout_n * spec.budget,
+        "responses_per_question": 2 * protocol["rollout_n"] * spec.budget,
+        "protocol": protocol,
     }
     # Checkpoints are not needed once the run finished (a few hundred MB each run, 16 x 3 runs).
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
@@ -169,10 +203,15 @@ def _first_reaching(curve: tuple[list[int], list[float]], target: float) -> int 
 
 def summarise(out: Path, configs: list[str], seeds: list[int]) -> dict:
     """The sweep's table from the finished runs under ``out`` (module docstring)."""
-    runs = {
-        c: {s: run_figures(run_dir(out, c, s)) for s in seeds if (run_dir(out, c, s) / "done.json").exists()}
-        for c in configs
-    }
+    finished = [(c, s) for c in configs for s in seeds if (run_dir(out, c, s) / "done.json").exists()]
+    protocols: dict[str, list[str]] = {}
+    for c, s in finished:
+        protocol = json.loads((run_dir(out, c, s) / "done.json").read_text()).get("protocol")
+        protocols.setdefault(json.dumps(protocol, sort_keys=True), []).append(f"{c}/seed{s}")
+    if len(protocols) > 1:
+        groups = "; ".join(f"{', '.join(names)}: {protocol}" for protocol, names in protocols.items())
+        raise ValueError(f"{out}: runs of different protocols cannot be paired or pooled: {groups}")
+    runs = {c: {s: run_figures(run_dir(out, c, s)) for cc, s in finished if cc == c} for c in configs}
     base = runs.get(BASELINE, {})
     table = {}
     for config, by_seed in runs.items():
@@ -304,23 +343,25 @@ def sweep(
 
         validation_views(paths["val"], views, VAL_SAMPLES)
     paths = {**paths, "val": str(views)}
+    protocol = run_protocol(
+        steps=steps,
+        test_freq=test_freq,
+        questions=questions,
+        rollout_n=rollout_n,
+        warm_start=warm_start_fingerprint(paths["model"]),
+    )
     total, started = len(configs) * len(seeds), time.perf_counter()
     for i, (config, seed) in enumerate((c, s) for c in configs for s in seeds):
         finished = (run_dir(out, config, seed) / "done.json").exists()
         print(f"[sweep] {i + 1}/{total} {config} seed {seed}" + (" (done before)" if finished else ""), flush=True)
-        record = run_config(
-            out, config, seed, paths, steps=steps, test_freq=test_freq, questions=questions, rollout_n=rollout_n
-        )
+        record = run_config(out, config, seed, paths, protocol=protocol)
         if not finished:
             elapsed = (time.perf_counter() - started) / 60
             print(f"[sweep]   {record['minutes']} min; {elapsed:.1f} min since the sweep started", flush=True)
     summary = summarise(out, configs, seeds)
     summary["settings"] = {
-        "steps": steps,
-        "test_freq": test_freq,
-        "questions_per_step": questions,
+        **protocol,
         "responses_per_question": 2 * rollout_n,
-        "val_samples": VAL_SAMPLES,
         "seeds": seeds,
         "warm_start_val_accuracy": paths["warm_start"]["val_accuracy"],
     }
