@@ -122,6 +122,17 @@ class ToolkitTrainer(PPOTrainerSync):
         super().on_train_begin()
         self._report_placement()
 
+    def fit(self, *args, **kwargs):
+        try:
+            return super().fit(*args, **kwargs)
+        except Exception as err:
+            # A node lost mid-collective (a checkpoint's barrier) fails this process with an error naming no node
+            # before Ray declares it dead: the watch waits for that verdict and names the node instead.
+            watch = getattr(self, "node_watch", None)
+            if watch is not None:
+                watch.name_lost(err)
+            raise
+
     def _placement_groups(self) -> dict[str, list]:
         """The actors whose node the placement report names, by group, each in rank order."""
         manager = getattr(self, "llm_server_manager", None)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
-from verl_ext.cluster.node_watch import NodeWatch, describe_lost, lost_nodes
+from verl_ext.cluster.node_watch import NodeLostError, NodeWatch, could_be_a_lost_peer, describe_lost, lost_nodes
 from verl_ext.cluster.storage import LATEST_NAME, RECORD_NAME, RunRecord, StorageError, check_resume
 
 
@@ -106,3 +107,47 @@ def test_the_watch_reports_the_first_loss_and_stops(capsys):
     watch.join(10)
     assert lost == [["n2"]] and not watch.is_alive()
     assert "[cluster] lost node node-1 (127.0.0.1): it ran training rank 1" in capsys.readouterr().out
+
+
+def _gloo_reset():
+    # What attempt 2 of the lost-node run raised from a checkpoint's barrier (a RayTaskError around it, in the trainer)
+    try:
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:538] Read error [127.0.0.1]:22736: Connection reset by peer")
+    except RuntimeError as inner:
+        try:
+            raise RuntimeError("ray::WorkerDict.actor_rollout_save_checkpoint() failed") from inner
+        except RuntimeError as outer:
+            return outer
+
+
+def test_an_error_a_lost_node_caused_names_it_once_the_gcs_sees_it(capsys):
+    """A collective's reset came before Ray marked the node dead: the watch waits for the verdict, prints the lost
+    node and raises NodeLostError from the error, which it names."""
+    alive = [{"n1", "n2"}] * 3 + [{"n1"}]
+    watch = NodeWatch(REPORT, interval_s=0.01, alive=lambda: alive.pop(0) if len(alive) > 1 else alive[0])
+    err = _gloo_reset()
+    assert could_be_a_lost_peer(err)  # by its cause
+    with pytest.raises(NodeLostError, match=r"lost node node-1 \(127\.0\.0\.1\): it ran training rank 1.*") as got:
+        watch.name_lost(err, wait_s=10)
+    assert got.value.__cause__ is err and "It failed the trainer with RuntimeError" in str(got.value)
+    assert "MAX_RESTARTS" in str(got.value)
+    assert "[cluster] lost node node-1 (127.0.0.1): it ran training rank 1" in capsys.readouterr().out
+
+
+def test_other_errors_go_on_at_once_and_a_reset_with_every_node_alive_after_the_wait(capsys):
+    calls = []
+
+    def alive():
+        calls.append(time.monotonic())
+        return {"n1", "n2"}
+
+    watch = NodeWatch(REPORT, interval_s=0.01, alive=alive)
+    assert not could_be_a_lost_peer(ValueError("diva.advantage.k must be >= 0"))
+    started = time.monotonic()
+    assert watch.name_lost(ValueError("diva.advantage.k must be >= 0"), wait_s=30) is None
+    assert len(calls) == 1 and time.monotonic() - started < 5  # asked once, no wait
+    calls.clear()
+    started = time.monotonic()
+    assert watch.name_lost(_gloo_reset(), wait_s=0.3) is None  # the caller re-raises its own error
+    assert 0.3 <= time.monotonic() - started < 5 and len(calls) > 2
+    assert capsys.readouterr().out == ""

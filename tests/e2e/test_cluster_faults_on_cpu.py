@@ -74,10 +74,13 @@ def test_the_launcher_restarted_the_lost_node_then_the_job(lost_node):
 @pytest.mark.parametrize(("fault", "attempt"), [("rollout_generate@1", 1), ("checkpoint_save@3", 2)])
 def test_each_loss_failed_the_job_in_bounded_time_naming_the_node(lost_node, fault, attempt):
     out = lost_node["output"]
+    # Each attempt's own output (a loss in the save fails a collective first, before Ray marks the node dead: the
+    # attempt must still name the node, not leave it to an earlier attempt's line).
+    own = out[out.index(f"submitting (attempt {attempt} of") : out.index(f"[diva] attempt {attempt} failed")]
     # From the trainer's node watch ("[cluster] lost node node-1 ...: it ran training rank 1, ...") or, when the
     # rollout's liveness check sees the dead server first, the dead actors on node-1 named with their node.
-    named = re.findall(r"\[cluster\] lost node node-1 \(127\.0\.0\.1\): it ran [^\n]*|found dead: [^\n]*node-1", out)
-    assert named, out[-8000:]
+    named = re.findall(r"\[cluster\] lost node node-1 \(127\.0\.0\.1\): it ran [^\n]*|found dead: [^\n]*node-1", own)
+    assert named, own[-8000:]
     killed = dt.datetime.fromtimestamp((lost_node["faults"] / f"{fault}.fired").stat().st_mtime, dt.UTC)
     failed = dt.datetime.fromisoformat(re.search(rf"\[diva\] attempt {attempt} failed at (\S+)", out).group(1))
     assert 0 <= (failed - killed).total_seconds() < LOST_NODE_BOUND_S

@@ -7,6 +7,11 @@ and NCCL's timeouts are tens of minutes), the trainer inside ``ray.get`` on the 
 which marks a node dead a few seconds after its raylet stops answering) and, when a node of the run's placement
 report (:mod:`verl_ext.cluster.placement`) is gone, prints what was lost and ends the trainer process, so that the
 job fails and a resubmission (``MAX_RESTARTS``) resumes from the last complete checkpoint.
+
+A loss can also fail the trainer before the GCS notices it: a surviving rank's collective fails at once when its
+peer's connection resets (a node lost while a checkpoint is saved: gloo's "Connection reset by peer"), and that error
+names no node. :meth:`NodeWatch.name_lost` is called with such an error: it waits for the GCS's verdict and raises
+:class:`NodeLostError` naming the lost node and what ran there.
 """
 
 from __future__ import annotations
@@ -18,6 +23,37 @@ import time
 from collections.abc import Callable
 
 LOST_PREFIX = "[cluster] lost node "
+# How a surviving process sees its peer's node vanish before Ray's GCS declares the node dead (with Ray's default
+# health checks, up to about 30 s after its raylet stops answering): a collective's connection reset or closed
+# (gloo, NCCL), a call to an actor there that Ray cannot reach. Only such errors are worth waiting for the verdict.
+PEER_GONE_SIGNS = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Connection refused",
+    "NCCL",
+    "gloo",
+    "ActorDiedError",
+    "ActorUnavailableError",
+    "RayActorError",
+    "RpcError",
+)
+GCS_VERDICT_WAIT_S = 60.0
+
+
+class NodeLostError(RuntimeError):
+    """The job failed because a node of its placement was lost."""
+
+
+def could_be_a_lost_peer(err: BaseException) -> bool:
+    """Whether ``err`` (or an error it was raised from) looks like a peer whose node vanished."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        text = f"{type(err).__name__}: {err}"
+        if any(sign in text for sign in PEER_GONE_SIGNS):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def alive_node_ids() -> set[str]:
@@ -86,3 +122,28 @@ class NodeWatch(threading.Thread):
 
     def stop(self) -> None:
         self._halt.set()
+
+    def name_lost(self, err: BaseException, wait_s: float = GCS_VERDICT_WAIT_S) -> None:
+        """Called with the error that failed the trainer: when a node of the run is gone, print
+        :func:`describe_lost` for each lost node and raise :class:`NodeLostError` from ``err``; otherwise return
+        (the caller re-raises ``err``). The GCS is asked once, and for up to ``wait_s`` only when ``err`` could come
+        from a lost peer (:func:`could_be_a_lost_peer`): any other error goes on at once."""
+        self.stop()  # from here on this method speaks for the watch: one report, no process exit under it
+        deadline = time.monotonic() + (wait_s if could_be_a_lost_peer(err) else 0.0)
+        while True:
+            try:
+                lost = lost_nodes(self.report, self.alive())
+            except Exception:  # the GCS busy or restarting: ask again
+                lost = []
+            if lost or time.monotonic() >= deadline:
+                break
+            time.sleep(self.interval_s)
+        if not lost:
+            return
+        lines = [describe_lost(self.report, node) for node in lost]
+        print("\n".join(lines), flush=True)
+        raise NodeLostError(
+            f"{'; '.join(line.removeprefix('[cluster] ') for line in lines)}. It failed the trainer with "
+            f"{type(err).__name__}: {err}. Resubmit the job (MAX_RESTARTS=N does) to resume from the last complete "
+            "checkpoint"
+        ) from err
