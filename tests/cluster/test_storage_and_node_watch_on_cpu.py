@@ -147,6 +147,12 @@ def test_other_errors_go_on_at_once_and_a_reset_with_every_node_alive_after_the_
     assert watch.name_lost(ValueError("diva.advantage.k must be >= 0"), wait_s=30) is None
     assert len(calls) == 1 and time.monotonic() - started < 5  # asked once, no wait
     calls.clear()
+    dead_actor = RuntimeError("found dead: rollout server 0 of replica 0 on head: ActorDiedError: the actor died")
+    assert not could_be_a_lost_peer(dead_actor)  # named by the liveness check; no wait for an actor on a live node
+    one_node = {**REPORT, "groups": {"training ranks": ["n1", "n1"]}}
+    assert NodeWatch(one_node, interval_s=0.01, alive=alive).name_lost(_gloo_reset(), wait_s=30) is None
+    assert len(calls) == 1  # one node: a lost node takes the trainer with it, nothing to wait for
+    calls.clear()
     started = time.monotonic()
     assert watch.name_lost(_gloo_reset(), wait_s=0.3) is None  # the caller re-raises its own error
     assert 0.3 <= time.monotonic() - started < 5 and len(calls) > 2

@@ -23,20 +23,11 @@ import time
 from collections.abc import Callable
 
 LOST_PREFIX = "[cluster] lost node "
-# How a surviving process sees its peer's node vanish before Ray's GCS declares the node dead (with Ray's default
-# health checks, up to about 30 s after its raylet stops answering): a collective's connection reset or closed
-# (gloo, NCCL), a call to an actor there that Ray cannot reach. Only such errors are worth waiting for the verdict.
-PEER_GONE_SIGNS = (
-    "Connection reset by peer",
-    "Connection closed by peer",
-    "Connection refused",
-    "NCCL",
-    "gloo",
-    "ActorDiedError",
-    "ActorUnavailableError",
-    "RayActorError",
-    "RpcError",
-)
+# How a rank sees its peer's node vanish before Ray's GCS declares the node dead (with Ray's default health checks,
+# up to about 30 s after its raylet stops answering): its collective's connection reset or closed (gloo, NCCL). Only
+# such errors are worth waiting for the verdict. A dead actor is not among them: the replay buffer's liveness check
+# names it with its node, and waiting would only delay the failure of an actor that died on a live node.
+PEER_GONE_SIGNS = ("Connection reset by peer", "Connection closed by peer", "Connection refused", "NCCL", "gloo")
 GCS_VERDICT_WAIT_S = 60.0
 
 
@@ -62,10 +53,15 @@ def alive_node_ids() -> set[str]:
     return {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
 
 
+def used_nodes(report: dict) -> set[str]:
+    """Node ids that run something of the placement ``report`` (the trainer, a rank, a replica, a worker)."""
+    return {report["trainer"]["node"], *(node for where in report["groups"].values() for node in where)}
+
+
 def lost_nodes(report: dict, alive: set[str]) -> list[str]:
-    """Node ids that run something of the placement ``report`` (the trainer, a rank, a replica, a worker) and are
-    not in ``alive``; a node of the cluster that runs none of this job may come and go (an autoscaler's)."""
-    used = {report["trainer"]["node"], *(node for where in report["groups"].values() for node in where)}
+    """Node ids of :func:`used_nodes` not in ``alive``; a node of the cluster that runs none of this job may come
+    and go (an autoscaler's)."""
+    used = used_nodes(report)
     return [node for node in report["nodes"] if node in used and node not in alive]
 
 
@@ -126,10 +122,12 @@ class NodeWatch(threading.Thread):
     def name_lost(self, err: BaseException, wait_s: float = GCS_VERDICT_WAIT_S) -> None:
         """Called with the error that failed the trainer: when a node of the run is gone, print
         :func:`describe_lost` for each lost node and raise :class:`NodeLostError` from ``err``; otherwise return
-        (the caller re-raises ``err``). The GCS is asked once, and for up to ``wait_s`` only when ``err`` could come
-        from a lost peer (:func:`could_be_a_lost_peer`): any other error goes on at once."""
+        (the caller re-raises ``err``). The GCS is asked once, and for up to ``wait_s`` only when the run spans
+        several nodes and ``err`` could come from a lost peer (:func:`could_be_a_lost_peer`): any other error goes
+        on at once (on one node, a lost node takes the trainer with it)."""
         self.stop()  # from here on this method speaks for the watch: one report, no process exit under it
-        deadline = time.monotonic() + (wait_s if could_be_a_lost_peer(err) else 0.0)
+        wait = len(used_nodes(self.report)) > 1 and could_be_a_lost_peer(err)
+        deadline = time.monotonic() + (wait_s if wait else 0.0)
         while True:
             try:
                 lost = lost_nodes(self.report, self.alive())
