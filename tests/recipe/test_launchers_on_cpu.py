@@ -129,6 +129,7 @@ def test_runtime_env_ships_code_without_history_data_or_secrets(tmp_path):
         "data/train.parquet",
         "checkpoints/global_step_1/actor/model.pt",
         "outputs/run.log",
+        "benchmarks/results/sweep_tiny/grpo/seed0/train.log",
         "elsewhere/extra.parquet",
         ".env",
         "configs/prod.env",
