@@ -384,6 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     configs, seeds = args.configs.split(), [int(s) for s in args.seeds.split()]
     if args.summary_only:
         summary = summarise(args.out, configs, seeds)
+        (args.out / "sweep.json").write_text(json.dumps(summary, indent=1))
         summary["figures"] = figures(args.out, summary)
     else:
         summary = sweep(
