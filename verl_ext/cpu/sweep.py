@@ -329,7 +329,8 @@ def sweep(
     rollout_n: int = 4,
     workdir: Path | None = None,
 ) -> dict:
-    """Run every configuration at every seed (skipping finished runs), then write the table and the figures."""
+    """Run every configuration at every seed (skipping finished runs), then draw the figures; returns the summary
+    (:func:`main` writes its table to ``OUT/sweep.json`` and ``OUT/sweep.md``)."""
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
         raise ValueError(f"CONFIGS: unknown {unknown}; known: {list(CONFIGS)}")
@@ -365,7 +366,6 @@ def sweep(
         "seeds": seeds,
         "warm_start_val_accuracy": paths["warm_start"]["val_accuracy"],
     }
-    (out / "sweep.json").write_text(json.dumps(summary, indent=1))
     summary["figures"] = figures(out, summary)
     return summary
 
@@ -384,7 +384,6 @@ def main(argv: list[str] | None = None) -> int:
     configs, seeds = args.configs.split(), [int(s) for s in args.seeds.split()]
     if args.summary_only:
         summary = summarise(args.out, configs, seeds)
-        (args.out / "sweep.json").write_text(json.dumps(summary, indent=1))
         summary["figures"] = figures(args.out, summary)
     else:
         summary = sweep(
@@ -398,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     for line in table_lines(summary["table"]):
         print(line)
+    table_json = {key: value for key, value in summary.items() if key != "figures"}  # the figures are beside it
+    (args.out / "sweep.json").write_text(json.dumps(table_json, indent=1))
     (args.out / "sweep.md").write_text("\n".join(table_markdown(summary["table"])) + "\n")
     print(json.dumps(summary["table"]))
     return 0
