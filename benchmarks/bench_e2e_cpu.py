@@ -92,7 +92,12 @@ def run_method(method: str, paths: dict, workdir: str, steps: int, rollout: str 
     run_dir = os.path.join(workdir, f"{rollout}_{method}")
     experiment = f"bench_{rollout}_{method}"
     overrides = cpu_overrides(
-        paths, os.path.join(run_dir, "checkpoints"), method=method, steps=steps, save_freq=-1, test_freq=-1,
+        paths,
+        os.path.join(run_dir, "checkpoints"),
+        method=method,
+        steps=steps,
+        save_freq=-1,
+        test_freq=-1,
         experiment=experiment,
     )
     overrides.append("trainer.val_before_train=false")  # training steps only
@@ -184,7 +189,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=5, help="steps per method (the first is not timed)")
     parser.add_argument("--workdir", default=None, help="folder for model, data and runs (default: a temp folder)")
     parser.add_argument(
-        "--rollouts", nargs="+", choices=("hf_cpu", "vllm"), default=None,
+        "--rollouts",
+        nargs="+",
+        choices=("hf_cpu", "vllm"),
+        default=None,
         help="rollouts to measure (default: hf_cpu, and vllm where vLLM imports)",
     )
     args = parser.parse_args(argv)
