@@ -46,16 +46,21 @@ def _live_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return F.linear(x, weight, bias)
 
 
-def keep_cpu_linear_weights() -> bool:
-    """Apply the patch in this process (idempotent); returns True when it was applied now."""
-    from vllm.model_executor.layers import utils
+def _require_cpu_platform(patch: str) -> None:
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         raise RuntimeError(
-            f"{PATCH_NAME} is for vLLM's CPU build only; this process runs vLLM's {type(current_platform).__name__}. "
+            f"{patch} is for vLLM's CPU build only; this process runs vLLM's {type(current_platform).__name__}. "
             "Do not set rollout.engine_kwargs.vllm.worker_extension_cls to the CPU extension on a GPU machine"
         )
+
+
+def keep_cpu_linear_weights() -> bool:
+    """Apply the patch in this process (idempotent); returns True when it was applied now."""
+    from vllm.model_executor.layers import utils
+
+    _require_cpu_platform(PATCH_NAME)
     if getattr(utils.dispatch_cpu_unquantized_gemm, "_diva_patch", None) == PATCH_NAME:
         return False
     packing_dispatch = utils.dispatch_cpu_unquantized_gemm
@@ -80,11 +85,9 @@ def warm_up_in_inference_mode() -> bool:
     """Apply the warm-up patch in this process (idempotent); returns True when it was applied now."""
     import functools
 
-    from vllm.platforms import current_platform
     from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 
-    if not current_platform.is_cpu():
-        raise RuntimeError(f"{WARM_UP_PATCH_NAME} is for vLLM's CPU build only")
+    _require_cpu_platform(WARM_UP_PATCH_NAME)
     warm_up = CPUModelRunner.warming_up_model
     if getattr(warm_up, "_diva_patch", None) == WARM_UP_PATCH_NAME:
         return False
