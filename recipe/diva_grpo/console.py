@@ -16,7 +16,10 @@ Two places produce console output, and each keeps third-party chatter out of it 
   its validation-metric dicts, TransferQueue's warnings, model-loading bars and the like stay in the full log.
 
 Errors are never filtered: an error line always reaches the console, and a job that fails ends with the last lines
-of its stream (the submitter prints :meth:`JobConsole.tail`). ``verbose=True`` (the launchers' ``VERBOSE=1``) shows
+of its stream (the submitter prints :meth:`JobConsole.tail`), then the one error that failed it
+(:meth:`JobConsole.failure`: Ray renders a task's error with its cause's traceback after it, so the stream's last
+exception is often the cause, and the error that explains the failure, such as ``NodeLostError``, scrolls out of the
+tail). ``verbose=True`` (the launchers' ``VERBOSE=1``) shows
 the whole stream, as it comes.
 """
 
@@ -178,6 +181,10 @@ _ERROR = re.compile(r"Traceback \(most recent call last\)|\b\w*(?:Error|Exceptio
 # A line that opens a traceback-like block: Python's header, or Ray's rendering of a task's exception
 # ("ray.exceptions.RayTaskError(ValueError): ray::TaskRunner.run() ..."), whose frames follow, indented.
 _BLOCK_START = re.compile(r"Traceback \(most recent call last\)|^[\w.]*(?:Error|Exception)\(\w+\): ")
+# Ray's header names the error the task raised: "ray.exceptions.RayTaskError(NodeLostError): ray::...".
+_RAY_TASK_ERROR = re.compile(r"^[\w.]*(?:Error|Exception)\((?P<name>\w+)\): ")
+# A traceback's exception line: "verl_ext.cluster.node_watch.NodeLostError: lost node node-1 ...".
+_RAISED = re.compile(r"^(?:[\w]+\.)*(?P<name>\w+(?:Error|Exception|Exit|Interrupt))(?::|$)")
 _BLOCK_GO_ON = ("During handling of the above exception", "The above exception was the direct cause")
 _STEP = re.compile(r"^step:(\d+) - (.*)$")
 _PROGRESS = re.compile(r"Training Progress:\s*\d+%\|[^|]*\|\s*(\d+)/(\d+)")
@@ -316,6 +323,9 @@ class JobConsole:
         self._tail: deque[str] = deque(maxlen=tail_lines)
         self._pending = ""
         self._blocks: set[str | None] = set()  # sources inside a traceback
+        self._failure: str | None = None
+        self._failure_wanted: str | None = None  # the error Ray's header names, until its line comes
+        self._failure_open = False  # inside a traceback whose exception lines may still be the failure
         self._total: int | None = None
         self._done = 0
         self._started = time.monotonic()
@@ -352,12 +362,34 @@ class JobConsole:
     def tail(self) -> list[str]:
         return list(self._tail)
 
+    def failure(self) -> str | None:
+        """The exception line of the last traceback in the stream, ``None`` without one: for Ray's rendering of a
+        task's error (``RayTaskError(NodeLostError): ...``, its frames, its cause's rendering, the error's line, then
+        its cause's traceback again), the line of the error the header names, not the cause's around it; for Python's
+        chained tracebacks, the last (outermost) one."""
+        return self._failure
+
+    def _watch_failure(self, text: str) -> None:
+        if _BLOCK_START.search(text):
+            named = _RAY_TASK_ERROR.match(text)
+            if named and self._failure_open and self._failure_wanted is not None:
+                return  # Ray's rendering of the cause, nested in the error still awaited
+            self._failure_wanted = named.group("name") if named else None
+            self._failure_open = True
+            return
+        raised = _RAISED.match(text) if self._failure_open else None
+        if raised and self._failure_wanted in (None, raised.group("name")):
+            self._failure = text
+            if self._failure_wanted is not None:
+                self._failure_open = False  # what follows is its cause's traceback
+
     def _line(self, raw: str) -> None:
         raw = raw.rstrip("\r")
         clean = strip_ansi(raw)
         self.lines += 1
         self._log.write(clean + "\n")
         self._tail.append(clean)
+        self._watch_failure(split_ray_prefix(clean)[1])
         if self.verbose:
             self._print(raw)
             return

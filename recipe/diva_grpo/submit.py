@@ -172,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[diva] the job's last {len(tail)} lines:", file=sys.stderr)
             for line in tail:
                 print(f"  {line}", file=sys.stderr)
+        failure = console.failure()
+        if failure:
+            print(f"[diva] the job failed with: {failure}", file=sys.stderr)
         print(f"error: job {job_id} {status}: {reason(message)}".rstrip(), file=sys.stderr)
         return 1
     finally:

@@ -200,6 +200,54 @@ def test_errors_reach_the_console_with_their_whole_traceback(tmp_path):
     assert console.tail() == shown[-2:] + ["a line of nothing"]
 
 
+# A lost node's failure as the driver printed it (attempt 2 of the lost-node run, shortened): Ray's header names
+# NodeLostError, its cause's rendering comes first (a header of its own, the gloo error), then NodeLostError's line,
+# then the cause's traceback again (no header) and Hydra's hint. The 40-line tail held only the cause's part.
+LOST_NODE_FAILURE = [
+    "(raylet) Raylet is terminated. Termination is unexpected. Last 20 lines of the Raylet logs:",
+    "    [state-dump] \tNodeManagerService.grpc_server.CommitBundleResources - 1 total (0 active)",
+    "Error executing job with overrides: ['trainer.total_training_steps=3']",
+    "Traceback (most recent call last):",
+    '  File "/x/main_diva.py", line 120, in main',
+    "ray.exceptions.RayTaskError(NodeLostError): ray::DivaTaskRunner.run() (pid=10373, ip=127.0.0.1)",
+    "ray.exceptions.RayTaskError(RuntimeError): ray::WorkerDict.actor_rollout_save_checkpoint() (pid=10802)",
+    "RuntimeError: [gloo/transport/tcp/pair.cc:538] Read error [127.0.0.1]:27056: Connection reset by peer",
+    '  File "/x/toolkit_trainer.py", line 133, in fit',
+    "    watch.name_lost(err)",
+    "verl_ext.cluster.node_watch.NodeLostError: lost node node-1 (127.0.0.1): it ran training rank 0",
+    '  File "/x/fsdp_checkpoint_manager.py", line 300, in save_checkpoint',
+    "    torch.distributed.barrier()",
+    "RuntimeError: [gloo/transport/tcp/pair.cc:538] Read error [127.0.0.1]:27056: Connection reset by peer",
+    "",
+    "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.",
+]
+
+
+def test_a_failure_is_the_error_rays_header_names_not_its_cause_after_it(tmp_path):
+    _, console = _follow("".join(f"{line}\n" for line in LOST_NODE_FAILURE), tmp_path, tail_lines=3)
+    assert console.failure() == LOST_NODE_FAILURE[10]
+    assert "NodeLostError" not in "".join(console.tail())  # why the tail alone is not enough
+
+
+def test_a_failure_is_the_last_of_pythons_chained_tracebacks_and_none_without_one(tmp_path):
+    chained = [
+        "(TaskRunner pid=1) Traceback (most recent call last):",
+        '(TaskRunner pid=1)   File "/x/a.py", line 1, in f',
+        "(TaskRunner pid=1) KeyError: 'uid'",
+        "(TaskRunner pid=1) ",
+        "(TaskRunner pid=1) During handling of the above exception, another exception occurred:",
+        "(TaskRunner pid=1) Traceback (most recent call last):",
+        "(TaskRunner pid=1) ValueError: row 3 of /data/train.parquet has no uid",
+        "(TaskRunner pid=1) WARNING:2026:an ordinary line, then a line that only mentions an Error: not raised",
+        "ERROR worker.py:421 -- Unhandled error (suppress with RAY_IGNORE_UNHANDLED)",
+    ]
+    _, console = _follow("".join(f"{line}\n" for line in chained), tmp_path)
+    assert console.failure() == "ValueError: row 3 of /data/train.parquet has no uid"
+    no_traceback = "step:1 - a:1\nERROR worker.py:421 -- Unhandled error\nValueError: not in a traceback\n"
+    _, quiet = _follow(no_traceback, tmp_path)
+    assert quiet.failure() is None
+
+
 def test_a_terminal_gets_a_status_line_that_printed_lines_clear(tmp_path, monkeypatch):
     class Terminal(io.StringIO):
         def isatty(self):

@@ -93,6 +93,10 @@ def test_a_failed_job_shows_its_error_tail_and_full_log(tmp_path, monkeypatch, c
     assert f"[diva] the job's last {TAIL_LINES} lines:" in out.err
     assert "  (SimpleStorageUnit pid=2) WARNING:target_num_threads 49" in out.err
     assert "error: job raysubmit_failed failed: Job entrypoint command failed with exit code 1" in out.err
+    # the error that failed it, after the tail (here out of it: 50 lines of noise came after)
+    failure = "[diva] the job failed with: RolloutDiedError: waiting for the train rollouts, found dead: rollout server"
+    assert out.err.index(failure) > out.err.index("target_num_threads 49")
+    assert out.err.index(failure) < out.err.index("error: job raysubmit_failed")
     assert out.err.count("\nx\n") == 0
     assert out.err.rstrip().endswith(f"[diva] the job's full output: {full_log}")
     logged = full_log.read_text()
