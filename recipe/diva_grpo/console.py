@@ -19,8 +19,7 @@ Errors are never filtered: an error line always reaches the console, and a job t
 of its stream (the submitter prints :meth:`JobConsole.tail`), then the one error that failed it
 (:meth:`JobConsole.failure`: Ray renders a task's error with its cause's traceback after it, so the stream's last
 exception is often the cause, and the error that explains the failure, such as ``NodeLostError``, scrolls out of the
-tail). ``verbose=True`` (the launchers' ``VERBOSE=1``) shows
-the whole stream, as it comes.
+tail). ``verbose=True`` (the launchers' ``VERBOSE=1``) shows the whole stream, as it comes.
 """
 
 from __future__ import annotations
@@ -178,13 +177,13 @@ _RAY_OWN = ("raylet", "autoscaler", "gcs_server")
 # At the start of the line, or after a log record's own prefix ("WARNING:<time>:[diva] ...").
 _TAG = re.compile(r"(?:^|[:-] ?)\[(?:" + "|".join(PROJECT_TAGS) + r")\] ")
 _ERROR = re.compile(r"Traceback \(most recent call last\)|\b\w*(?:Error|Exception)\b|\b(?:ERROR|CRITICAL|FATAL)\b")
-# A line that opens a traceback-like block: Python's header, or Ray's rendering of a task's exception
-# ("ray.exceptions.RayTaskError(ValueError): ray::TaskRunner.run() ..."), whose frames follow, indented.
-_BLOCK_START = re.compile(r"Traceback \(most recent call last\)|^[\w.]*(?:Error|Exception)\(\w+\): ")
-# Ray's header names the error the task raised: "ray.exceptions.RayTaskError(NodeLostError): ray::...".
+# Ray's rendering of a task's exception, which names the error the task raised
+# ("ray.exceptions.RayTaskError(NodeLostError): ray::TaskRunner.run() ..."); its frames follow, indented.
 _RAY_TASK_ERROR = re.compile(r"^[\w.]*(?:Error|Exception)\((?P<name>\w+)\): ")
+# A line that opens a traceback-like block: Python's header, or Ray's rendering.
+_BLOCK_START = re.compile(r"Traceback \(most recent call last\)|" + _RAY_TASK_ERROR.pattern)
 # A traceback's exception line: "verl_ext.cluster.node_watch.NodeLostError: lost node node-1 ...".
-_RAISED = re.compile(r"^(?:[\w]+\.)*(?P<name>\w+(?:Error|Exception|Exit|Interrupt))(?::|$)")
+_RAISED = re.compile(r"^(?:\w+\.)*(?P<name>\w+(?:Error|Exception|Exit|Interrupt))(?::|$)")
 _BLOCK_GO_ON = ("During handling of the above exception", "The above exception was the direct cause")
 _STEP = re.compile(r"^step:(\d+) - (.*)$")
 _PROGRESS = re.compile(r"Training Progress:\s*\d+%\|[^|]*\|\s*(\d+)/(\d+)")
