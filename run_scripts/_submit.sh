@@ -61,8 +61,20 @@ cleanup() {
   for pid in "${NODE_PIDS[@]}" "$HEAD_PID"; do
     [ -n "$pid" ] && wait "$pid" 2>/dev/null || true
   done
-  # Keep the head's logs only when something failed.
-  if [ -n "$RAY_TMP" ] && [ "$status" -eq 0 ]; then rm -rf "$RAY_TMP"; fi
+  # Keep the head's logs only when something failed. Ray's workers can still write their session files for a moment
+  # after the head stops, and rm then fails with "Directory not empty": retry, and never let the removal change the
+  # job's exit status (under set -e a failed rm here once turned a finished run into exit 1).
+  if [ -n "$RAY_TMP" ] && [ "$status" -eq 0 ]; then
+    local try
+    for try in 1 2 3 4 5; do
+      rm -rf "$RAY_TMP" 2>/dev/null && break
+      sleep 1
+    done
+    if [ -e "$RAY_TMP" ]; then
+      echo "[diva] note: Ray's temp folder $RAY_TMP is still in use and was kept; remove it later" >&2
+    fi
+  fi
+  exit "$status"
 }
 trap cleanup EXIT
 

@@ -193,3 +193,52 @@ def test_launcher_paths_are_absolute():
     for key in ("data.train_files", "data.val_files", "trainer.default_local_dir"):
         assert os.path.isabs(values[key]), (key, values[key])
     assert values["data.train_files"] == str(ROOT / "rel/train.parquet")
+
+
+def run_submit_cleanup(tmp_path: Path, rm_failures: int, job_status: int) -> tuple[subprocess.CompletedProcess, Path]:
+    """_submit.sh's own `cleanup` (cut out of the script, run under its `set -euo pipefail` as its EXIT trap) after a
+    job that ended with `job_status`, with an `rm` that fails `rm_failures` times first, as it does while Ray's
+    workers still write into their session folder ("Directory not empty")."""
+    script = (ROOT / "run_scripts" / "_submit.sh").read_text()
+    start = script.index("cleanup() {")
+    cleanup = script[start : script.index("\n}\n", start) + 3]
+    ray_tmp = tmp_path / "diva_ray_test"
+    (ray_tmp / "session").mkdir(parents=True)
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    counter = tmp_path / "rm_calls"
+    real_rm = shutil.which("rm")
+    (shim / "rm").write_text(
+        "#!/usr/bin/env bash\n"
+        f'n=$(( $(cat {counter} 2>/dev/null || echo 0) + 1 )); echo "$n" > {counter}\n'
+        f'if [ "$n" -le {rm_failures} ]; then echo "rm: cannot remove: Directory not empty" >&2; exit 1; fi\n'
+        f'exec {real_rm} "$@"\n'
+    )
+    (shim / "rm").chmod(0o755)
+    (shim / "sleep").write_text("#!/usr/bin/env bash\nexit 0\n")  # the retries' pauses, skipped
+    (shim / "sleep").chmod(0o755)
+    body = (
+        f"set -euo pipefail\n{cleanup}\n"
+        f'HEAD_PID=""\ndeclare -a NODE_PIDS=()\nRAY_TMP="{ray_tmp}"\ntrap cleanup EXIT\nexit {job_status}\n'
+    )
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"}
+    return subprocess.run(["bash", "-c", body], env=env, capture_output=True, text=True), ray_tmp
+
+
+def test_a_finished_job_keeps_exit_0_when_rays_temp_folder_is_briefly_busy(tmp_path):
+    done, ray_tmp = run_submit_cleanup(tmp_path, rm_failures=2, job_status=0)
+    assert done.returncode == 0, done.stderr
+    assert not ray_tmp.exists()
+
+
+def test_a_temp_folder_that_stays_busy_is_kept_with_a_note_and_exit_0(tmp_path):
+    done, ray_tmp = run_submit_cleanup(tmp_path, rm_failures=100, job_status=0)
+    assert done.returncode == 0, done.stderr
+    assert ray_tmp.exists()
+    assert f"Ray's temp folder {ray_tmp} is still in use and was kept" in done.stderr
+
+
+def test_a_failed_job_keeps_its_status_and_rays_logs(tmp_path):
+    done, ray_tmp = run_submit_cleanup(tmp_path, rm_failures=0, job_status=3)
+    assert done.returncode == 3
+    assert (ray_tmp / "session").is_dir()
