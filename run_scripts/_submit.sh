@@ -65,8 +65,7 @@ cleanup() {
   # after the head stops, and rm then fails with "Directory not empty": retry, and never let the removal change the
   # job's exit status (under set -e a failed rm here once turned a finished run into exit 1).
   if [ -n "$RAY_TMP" ] && [ "$status" -eq 0 ]; then
-    local try
-    for try in 1 2 3 4 5; do
+    for _ in 1 2 3 4 5; do
       rm -rf "$RAY_TMP" 2>/dev/null && break
       sleep 1
     done
