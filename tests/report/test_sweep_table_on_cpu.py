@@ -54,11 +54,11 @@ def test_table_pairs_each_configuration_with_grpo_by_seed(tmp_path):
     assert list(table) == ["grpo", "diva_grpo", "grpo_2x"]  # the unfinished run is not in the table
     diva = table["diva_grpo"]
     assert diva["seeds"] == [0, 1]
-    assert diva["best_sampled"] == {"mean": 0.49, "min": 0.38, "max": 0.6, "n": 2}
+    assert diva["best_sampled"] == {"mean": pytest.approx(0.49), "min": 0.38, "max": 0.6, "n": 2}
     assert diva["final_sampled"] == {"mean": pytest.approx(0.465), "min": 0.38, "max": 0.55, "n": 2}
     assert diva["best_greedy"]["mean"] == pytest.approx(0.375)
     # Paired: seed 0 best 0.6 - 0.6 = 0, seed 1 0.38 - 0.4 = -0.02; final 0.55 - 0.6, 0.38 - 0.4.
-    assert diva["best_sampled_minus_grpo"] == {"mean": -0.01, "min": -0.02, "max": 0.0, "n": 2}
+    assert diva["best_sampled_minus_grpo"] == pytest.approx({"mean": -0.01, "min": -0.02, "max": 0.0, "n": 2})
     assert diva["final_sampled_minus_grpo"]["mean"] == pytest.approx(-0.035)
     # GRPO's best: 0.6 (seed 0) reached by DIVA at step 2; 0.4 (seed 1) never reached by DIVA (0.38).
     assert diva["steps_to_grpo_best"] == {"per_seed": {"0": 2, "1": None}, "reached": 1}
@@ -78,6 +78,17 @@ def test_a_run_without_both_validations_is_named(tmp_path):
     )
     with pytest.raises(ValueError, match=r"seed0: no \['greedy', 'sampled'\] validation"):
         summarise(tmp_path, ["grpo"], [0])
+
+
+def test_the_tables_round_each_figure_once(tmp_path):
+    from verl_ext.cpu.sweep import table_markdown
+
+    # 165/256 = 0.64453125 is 0.645 to three decimals; rounding it to four first (0.6445) printed 0.644.
+    _run(tmp_path, "grpo", 0, [0.3, 0.5, 165 / 256], [0.25, 0.5, 0.5], [0.5] * 4)
+    table = summarise(tmp_path, ["grpo"], [0])["table"]
+    assert table["grpo"]["best_sampled"]["mean"] == 165 / 256
+    assert table_markdown(table)[2].startswith("| `grpo` | 0 | 0.645 | 0.645 |")
+    assert " 0.645 " in table_lines(table)[1]
 
 
 def test_markdown_table_has_a_row_per_configuration_with_its_paired_difference(tmp_path):

@@ -157,12 +157,8 @@ def _stats(values: list[float]) -> dict | None:
     values = [v for v in values if v is not None]
     if not values:
         return None
-    return {
-        "mean": round(sum(values) / len(values), 4),
-        "min": round(min(values), 4),
-        "max": round(max(values), 4),
-        "n": len(values),
-    }
+    # Unrounded: the tables round once, when they print (rounding here too turned 0.64453125 into 0.6445, then 0.644).
+    return {"mean": sum(values) / len(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
 def run_figures(folder: Path) -> dict:
