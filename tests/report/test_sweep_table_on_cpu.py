@@ -145,3 +145,33 @@ def test_the_warm_start_fingerprint_is_its_weights(tmp_path):
     first = warm_start_fingerprint(str(tmp_path / "a"))
     assert len(first) == 16 and first == warm_start_fingerprint(str(tmp_path / "a"))
     assert first != warm_start_fingerprint(str(tmp_path / "b"))
+
+
+def test_a_sweep_on_another_warm_start_stops_before_training_and_names_both_machines(tmp_path):
+    """Rebuilt on another CPU kind, the warm start's weights differ (float kernels sum in another order): the sweep
+    stops before any run trains, naming the run, both fingerprints and the machine each came from."""
+    from verl_ext.cpu.sweep import check_protocol, machine_kind
+
+    here = machine_kind()
+    assert here["threads"] >= 1 and here["torch"] and here["cpu"]
+    assert set(here["cpu_extensions"]) <= {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile"}
+
+    recorded = {"cpu": "Another Xeon", "cpu_extensions": ["avx2", "avx512f"], "torch_cpu_capability": "AVX512"}
+    _run(tmp_path, "grpo", 0, [0.3, 0.5, 0.6], [0.25, 0.5, 0.5], [0.5] * 4)
+    done = run_dir(tmp_path, "grpo", 0) / "done.json"
+    done.write_text(json.dumps({**json.loads(done.read_text()), "machine": recorded}))
+    check_protocol(tmp_path, ["grpo", "diva_grpo"], [0, 1], PROTOCOL)  # same protocol: nothing to refuse
+
+    other_start = {**PROTOCOL, "warm_start": "fedcba9876543210"}
+    with pytest.raises(ValueError) as refused:
+        check_protocol(tmp_path, ["grpo", "diva_grpo"], [0, 1], other_start)
+    message = str(refused.value)
+    assert "grpo/seed0 finished under another protocol: warm_start '0123456789abcdef' (here 'fedcba9876543210')" in (
+        message
+    )
+    assert "Another Xeon" in message and repr(here["cpu"]) in message and "machine kind that recorded it" in message
+
+    # Another step count is not a machine question: the message names the setting and stops there.
+    with pytest.raises(ValueError) as refused:
+        check_protocol(tmp_path, ["grpo"], [0], {**PROTOCOL, "steps": 20})
+    assert "steps 4 (here 20)" in str(refused.value) and "machine" not in str(refused.value)

@@ -104,10 +104,69 @@ def run_protocol(*, steps: int, test_freq: int, questions: int, rollout_n: int, 
     }
 
 
+def machine_kind() -> dict:
+    """What a run's floats depend on beyond its code and seed: the CPU, the kernels torch picks for it, the threads and
+    the libraries. Kept in each run's ``done.json`` (not in its protocol: the warm start's fingerprint is what pairs
+    runs, and it changes with these)."""
+    import platform
+
+    import torch
+    import transformers
+
+    cpu, flags = platform.processor() or platform.machine(), set()
+    kernel_relevant = {"avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile"}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                cpu = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+                break
+    except OSError:  # not Linux: the model name from platform, no flags
+        pass
+    return {
+        "cpu": cpu,
+        "cpu_extensions": sorted(flags & kernel_relevant),
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
 def _protocol_difference(got: dict | None, want: dict) -> str:
     if got is None:
         return "no protocol recorded (an older sweep's run)"
     return ", ".join(f"{k} {got.get(k)!r} (here {v!r})" for k, v in want.items() if got.get(k) != v)
+
+
+def _another_protocol(folder: Path, record: dict, protocol: dict) -> ValueError:
+    message = (
+        f"{folder} finished under another protocol: {_protocol_difference(record.get('protocol'), protocol)}."
+        " Its figures cannot be paired with this sweep's: use another OUT, or this run's settings"
+    )
+    if (record.get("protocol") or {}).get("warm_start") not in (None, protocol["warm_start"]):
+        # Same code and seed, other weights: float kernels sum in another order on another CPU or library version,
+        # and 300 steps of training carry the difference into every sample (docs/learning.md, "Which runs pair").
+        recorded = record.get("machine")
+        message += (
+            ". The warm start is rebuilt from the same code and seed, so its weights differ with the CPU kind or the"
+            f" libraries: recorded on {recorded if recorded else 'a machine its done.json does not name'}, here"
+            f" {machine_kind()}. Finish this sweep on the machine kind that recorded it, or start another OUT"
+        )
+    return ValueError(message)
+
+
+def check_protocol(out: Path, configs: list[str], seeds: list[int], protocol: dict) -> None:
+    """Refuse, before anything trains, a sweep whose finished runs under ``out`` ran under another protocol."""
+    for config in configs:
+        for seed in seeds:
+            done = run_dir(out, config, seed) / "done.json"
+            if done.exists():
+                record = json.loads(done.read_text())
+                if record.get("protocol") != protocol:
+                    raise _another_protocol(done.parent, record, protocol)
 
 
 def run_config(out: Path, config: str, seed: int, paths: dict, *, protocol: dict) -> dict:
@@ -118,10 +177,7 @@ def run_config(out: Path, config: str, seed: int, paths: dict, *, protocol: dict
     if done.exists():
         record = json.loads(done.read_text())
         if record.get("protocol") != protocol:
-            raise ValueError(
-                f"{folder} finished under another protocol: {_protocol_difference(record.get('protocol'), protocol)}."
-                " Its figures cannot be paired with this sweep's: use another OUT, or this run's settings"
-            )
+            raise _another_protocol(folder, record, protocol)
         return record
     if folder.exists():  # cut short: its metrics would mix two attempts
         shutil.rmtree(folder)
@@ -146,6 +202,7 @@ def run_config(out: Path, config: str, seed: int, paths: dict, *, protocol: dict
         "minutes": round(timing["seconds"] / 60, 2),
         "responses_per_question": 2 * protocol["rollout_n"] * spec.budget,
         "protocol": protocol,
+        "machine": machine_kind(),
     }
     # Checkpoints are not needed once the run finished (a few hundred MB each run, 16 x 3 runs).
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
@@ -347,6 +404,7 @@ def sweep(
         rollout_n=rollout_n,
         warm_start=warm_start_fingerprint(paths["model"]),
     )
+    check_protocol(out, configs, seeds, protocol)
     total, started = len(configs) * len(seeds), time.perf_counter()
     for i, (config, seed) in enumerate((c, s) for c in configs for s in seeds):
         finished = (run_dir(out, config, seed) / "done.json").exists()
