@@ -6,7 +6,8 @@
 # (mean and range over seeds, paired differences from GRPO) in $OUT/sweep.json and its last printed line, and the
 # curves in $OUT/sweep_sampled.png and $OUT/sweep_greedy.png (verl_ext/cpu/sweep.py). About 8 minutes a run on two
 # idle cores (7.7 measured for DIVA-GRPO at 12 steps): the 16 configurations at 3 seeds take about 6.5 hours.
-# Interrupted, it resumes: finished runs are kept.
+# Interrupted, it resumes: finished runs are kept. Runs pair only on one machine kind (the warm start's floats
+# differ by CPU): on another kind it stops before training (docs/learning.md, "Which runs pair").
 #   OUT=DIR bash run_scripts/sweep_tiny.sh
 #   OUT=DIR CONFIGS="grpo diva_grpo diva_no_rrb" SEEDS="0 1 2" bash run_scripts/sweep_tiny.sh
 #   OUT=DIR SUMMARY_ONLY=1 bash run_scripts/sweep_tiny.sh     # the table and figures of the runs finished so far
