@@ -158,26 +158,30 @@ def _another_protocol(folder: Path, record: dict, protocol: dict) -> ValueError:
     return ValueError(message)
 
 
+def _finished(folder: Path, protocol: dict) -> dict | None:
+    """The run's ``done.json`` if it finished (under ``protocol``: another one is an error), else ``None``."""
+    done = folder / "done.json"
+    if not done.exists():
+        return None
+    record = json.loads(done.read_text())
+    if record.get("protocol") != protocol:
+        raise _another_protocol(folder, record, protocol)
+    return record
+
+
 def check_protocol(out: Path, configs: list[str], seeds: list[int], protocol: dict) -> None:
     """Refuse, before anything trains, a sweep whose finished runs under ``out`` ran under another protocol."""
     for config in configs:
         for seed in seeds:
-            done = run_dir(out, config, seed) / "done.json"
-            if done.exists():
-                record = json.loads(done.read_text())
-                if record.get("protocol") != protocol:
-                    raise _another_protocol(done.parent, record, protocol)
+            _finished(run_dir(out, config, seed), protocol)
 
 
 def run_config(out: Path, config: str, seed: int, paths: dict, *, protocol: dict) -> dict:
     """Train ``config`` at ``seed`` under ``protocol`` (:func:`run_protocol`) unless it finished before under the
     same protocol; returns its ``done.json``. A run finished under another protocol is an error, not reused."""
     folder = run_dir(out, config, seed)
-    done = folder / "done.json"
-    if done.exists():
-        record = json.loads(done.read_text())
-        if record.get("protocol") != protocol:
-            raise _another_protocol(folder, record, protocol)
+    record = _finished(folder, protocol)
+    if record is not None:
         return record
     if folder.exists():  # cut short: its metrics would mix two attempts
         shutil.rmtree(folder)
@@ -206,7 +210,7 @@ def run_config(out: Path, config: str, seed: int, paths: dict, *, protocol: dict
     }
     # Checkpoints are not needed once the run finished (a few hundred MB each run, 16 x 3 runs).
     shutil.rmtree(folder / "checkpoints", ignore_errors=True)
-    done.write_text(json.dumps(record))
+    (folder / "done.json").write_text(json.dumps(record))
     return record
 
 
