@@ -102,9 +102,10 @@ def test_markdown_table_has_a_row_per_configuration_with_its_paired_difference(t
     grpo, diva = lines[2], lines[3]
     assert grpo == (
         "| `grpo` | 0, 1 | 0.500 [0.400, 0.600] | 0.500 [0.400, 0.600] | 0.500 [0.500, 0.500] | "
-        "0.000 [0.000, 0.000] | 0.550 |"
+        "0.000 [0.000, 0.000] | 2/2 at 4, 2 | 0.550 | 256 |"
     )
-    assert diva == "| `diva_grpo` | 0 | 0.600 | 0.550 | 0.500 | 0.000 | 0.200 |"
+    # DIVA-GRPO reaches GRPO's best at seed 0 (0.6 at step 2); 4 steps x 8 questions x 8 responses.
+    assert diva == "| `diva_grpo` | 0 | 0.600 | 0.550 | 0.500 | 0.000 | 1/1 at 2 | 0.200 | 256 |"
 
 
 def test_runs_of_another_protocol_are_neither_reused_nor_pooled(tmp_path):

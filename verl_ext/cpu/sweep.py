@@ -358,11 +358,12 @@ def table_lines(table: dict) -> list[str]:
 
 
 def table_markdown(table: dict) -> list[str]:
-    """The table as Markdown (``OUT/sweep.md``, for the README): sampled validation, mean [min, max] over seeds."""
+    """The table as Markdown (``OUT/sweep.md``, for the README): sampled validation, mean [min, max] over seeds;
+    the seeds at which a configuration reached GRPO's best (and the steps it took); the responses trained on."""
     lines = [
         "| configuration | seeds | best (sampled) | final (sampled) | best (greedy) | best - GRPO, paired | "
-        "zero-advantage fraction |",
-        "|---|---|---|---|---|---|---|",
+        "reaches GRPO's best: seeds, at step | zero-advantage fraction | responses |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for config, row in table.items():
         zero = row["zero_advantage_fraction"]
@@ -370,9 +371,24 @@ def table_markdown(table: dict) -> list[str]:
         seeds = ", ".join(map(str, row["seeds"]))
         lines.append(
             f"| `{config}` | {seeds} | {_fmt(row['best_sampled'])} | {_fmt(row['final_sampled'])} | "
-            f"{_fmt(row['best_greedy'])} | {_fmt(row.get('best_sampled_minus_grpo'))} | {zero_text} |"
+            f"{_fmt(row['best_greedy'])} | {_fmt(row.get('best_sampled_minus_grpo'))} | "
+            f"{_reached_text(row.get('steps_to_grpo_best'))} | {zero_text} | {_count_text(row['responses'])} |"
         )
     return lines
+
+
+def _count_text(stats: dict) -> str:
+    """A count over seeds: the number when every seed has it, else mean [min, max]."""
+    return f"{stats['mean']:.0f}" if stats["min"] == stats["max"] else _fmt(stats, 0)
+
+
+def _reached_text(reached: dict | None) -> str:
+    """``2/3 at 8, 12``: at how many of the paired seeds the sampled validation reached GRPO's best, and at which
+    steps (in seed order); ``-`` without a GRPO run to pair with."""
+    if not reached:
+        return "-"
+    steps = [str(v) for v in reached["per_seed"].values() if v is not None]
+    return f"{reached['reached']}/{len(reached['per_seed'])}" + (f" at {', '.join(steps)}" if steps else "")
 
 
 def sweep(
