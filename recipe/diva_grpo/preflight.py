@@ -308,7 +308,7 @@ def run_preflight(config: DictConfig) -> dict:
             if not saved:
                 raise PreflightError("the difficulty service holds no question after training steps")
             # A resumed run starts a new service actor: the state must come from the checkpoint, not from memory.
-            ray.kill(trainer.difficulty.handle, no_restart=True)
+            trainer.difficulty.stop()
         # 6. resume from the checkpoint in a fresh trainer and train one more step
         resumed = build_simulated_trainer(trainer_cls, cfg)
         if resumed.global_steps != PREFLIGHT_STEPS - 1:

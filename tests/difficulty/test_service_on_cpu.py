@@ -109,6 +109,16 @@ def test_killed_actor_restarts_with_last_persisted_state(tmp_path):
     assert service.state_of("q0")["updates"] == before["q0"]["updates"] + 1
 
 
+def test_stopped_actor_frees_its_name_at_once():
+    service = DifficultyService.get_or_create("stop_then_start")
+    service.update(["q0", "q1"], [0.0, 1.0], 0)
+    service.stop()
+    with pytest.raises(ValueError):
+        ray.get_actor(service.name, namespace=service.namespace)
+    # No live_dir: the next actor under the same name starts empty instead of finding the dying one.
+    assert DifficultyService.get_or_create("stop_then_start").snapshot() == {}
+
+
 def test_checkpoint_save_and_resume_round_trip(tmp_path):
     src = DifficultyService.get_or_create("ckpt_src")
     rng = np.random.default_rng(1)

@@ -9,7 +9,6 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
-import ray
 import torch
 from hydra import compose, initialize_config_dir
 
@@ -143,7 +142,7 @@ def test_three_steps_groups_advantages_difficulty_metrics_and_resume(ray_and_tq,
     # Checkpoint of step 2 holds the state after step 2: resume restores it exactly (new actor, new table).
     state_file = checkpoint_state_path(str(data_dir / "ckpt" / "global_step_2"))
     assert os.path.exists(state_file)
-    ray.kill(trainer.difficulty.handle, no_restart=True)
+    trainer.difficulty.stop()
     resume_cfg = compose_config(
         data_dir, "trainer.resume_mode=resume_path", f"trainer.resume_from_path={data_dir}/ckpt/global_step_2"
     )
@@ -173,7 +172,7 @@ def test_resume_with_missing_difficulty_state_fails_naming_the_file(ray_and_tq, 
     cfg = compose_config(data_dir, "trainer.total_training_steps=2", "trainer.experiment_name=missing_state")
     trainer = build_simulated_trainer(DivaTrainer, cfg)
     trainer.fit(SimulatedAgentLoopManager(compute_score, n=ROLLOUT_N))
-    ray.kill(trainer.difficulty.handle, no_restart=True)
+    trainer.difficulty.stop()
     state_file = checkpoint_state_path(str(data_dir / "ckpt" / "global_step_2"))
     os.remove(state_file)
     with pytest.raises(Exception, match="diva_difficulty"):

@@ -34,11 +34,26 @@ class BlockingServer:
         return "done"
 
 
+def wait_until_dead(actor, timeout_s: float = 60.0) -> None:
+    """ray.kill goes through the GCS while calls go straight to the actor, so a call made just after the kill can
+    still be answered (CI once saw ``dead_actors`` find no one). The check is for actors that died before a stall:
+    ask until Ray itself says the actor is gone."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=timeout_s)
+        except ray.exceptions.RayActorError:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"the killed actor still answered after {timeout_s} s")
+
+
 def test_dead_actors_names_the_dead_only_and_says_why(local_ray):
     alive, busy, dead = Server.remote(), BlockingServer.remote(), Server.remote()
     ray.get([alive.__ray_ready__.remote(), busy.__ray_ready__.remote(), dead.__ray_ready__.remote()])
     busy.generate.remote(30)  # a synchronous actor mid-request cannot answer: slow, not dead
     ray.kill(dead, no_restart=True)
+    wait_until_dead(dead)
     started = time.monotonic()
     found = dead_actors([("server a", alive), ("server b", busy), ("server c", dead)], timeout_s=2.0)
     assert len(found) == 1 and found[0].startswith("server c: ")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 import uuid
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
@@ -293,6 +294,23 @@ class DifficultyService:
         ray.get(self.handle.load.remote(step_folder))
         if self.table is not None:
             self.refresh()
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Kill the actor for good and return once its name is free. ``ray.kill`` only sends the request through
+        the GCS, so a :meth:`get_or_create` made right after it could still find the dying actor by name (and a
+        call made right after it can still be answered)."""
+        ray.kill(self.handle, no_restart=True)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                ray.get_actor(self.name, namespace=self.namespace)
+            except ValueError:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the difficulty actor {self.name!r} still has its name {timeout_s} s after ray.kill"
+                )
+            time.sleep(0.05)
 
 
 __all__ = ["DifficultyService", "DifficultyServiceActor", "PendingUpdate", "actor_name"]
