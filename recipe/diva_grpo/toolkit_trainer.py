@@ -240,7 +240,7 @@ class ToolkitTrainer(PPOTrainerSync):
             token_level_scores=data.batch["token_level_scores"][idx],
             response_mask=data.batch["response_mask"][idx],
             index=uids[rows],
-            tensors={name: self._response_field(data, name)[idx] for name in sorted(needs & TENSOR_NEEDS)},
+            tensors=self._method_tensors(data, needs, idx),
             extra_info=[extra_info[i] for i in rows] if extra_info is not None else None,
             reward_extra_info=[reward_extras[i] for i in rows] if "reward_extra_info" in needs else None,
             rollout_fields=[rollout_fields[i] for i in rows] if "rollout_fields" in needs else None,
@@ -288,6 +288,15 @@ class ToolkitTrainer(PPOTrainerSync):
             "prompts",
             "a rollout request failed or a group was split (see the job's log for the failed requests)",
         )
+
+    def _method_tensors(self, data: DataProto, needs: frozenset, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The ``(R, T)`` fields the method declared, and verl's rollout-correction weights when this step computed
+        them (``algorithm.rollout_correction.rollout_is``): the weights the actor's loss multiplies in, for the
+        method's metrics."""
+        tensors = {name: self._response_field(data, name)[idx] for name in sorted(needs & TENSOR_NEEDS)}
+        if "rollout_is_weights" in data.batch.keys():
+            tensors["rollout_is_weights"] = data.batch["rollout_is_weights"][idx]
+        return tensors
 
     @staticmethod
     def _response_field(data: DataProto, name: str) -> torch.Tensor:

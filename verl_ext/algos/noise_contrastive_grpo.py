@@ -73,3 +73,22 @@ def rollout_gaps(
         if bool(part.any()):
             out[name] = float(gap[part].mean())
     return out
+
+
+def is_weight_metrics(weights: torch.Tensor, response_mask: torch.Tensor, displaced: torch.Tensor) -> dict[str, float]:
+    """verl's rollout-correction weights (``rollout_is_weights``, ``(R, T)``: truncated ``pi_old / pi_rollout`` per
+    token or per sequence, as the actor's loss multiplies them in) over the ``displaced`` tokens
+    (:func:`displaced_tokens`) and over every other response token: ``{mean,min}/{displaced,other}_tokens``, and the
+    share of the displaced tokens whose weight is under 0.5 (``below_half/displaced_tokens``). The other tokens were
+    sampled by the clean policy itself, so their weights are 1 up to weight-sync rounding. A set without tokens is
+    left out."""
+    w = weights.double()
+    mask = response_mask.bool()
+    out = {}
+    for name, part in (("displaced_tokens", mask & displaced), ("other_tokens", mask & ~displaced)):
+        if bool(part.any()):
+            out[f"mean/{name}"] = float(w[part].mean())
+            out[f"min/{name}"] = float(w[part].min())
+    if bool((mask & displaced).any()):
+        out["below_half/displaced_tokens"] = float((w[mask & displaced] < 0.5).double().mean())
+    return out

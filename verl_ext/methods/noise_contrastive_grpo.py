@@ -28,7 +28,13 @@ from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
 
 from verl_ext.algos import advantage_collapse_rate
 from verl_ext.algos.collapse import in_collapsed_group
-from verl_ext.algos.noise_contrastive_grpo import check_group_flags, displaced_tokens, half_metrics, rollout_gaps
+from verl_ext.algos.noise_contrastive_grpo import (
+    check_group_flags,
+    displaced_tokens,
+    half_metrics,
+    is_weight_metrics,
+    rollout_gaps,
+)
 from verl_ext.methods.base import AdvantageInputs, AdvantageMethod, AdvantageResult, register_method
 from verl_ext.methods.metrics import advantage_summary
 from verl_ext.nc_grpo.branching import FIRST_DIFFERENCE_FIELD, NOT_PROBED, branch_metrics, branch_warning
@@ -88,6 +94,9 @@ def compute(inputs: AdvantageInputs, config: NoiseContrastiveConfig) -> Advantag
         inputs.tensor("rollout_log_probs"), inputs.tensor("old_log_probs"), inputs.response_mask, displaced
     )
     metrics.update({f"{NAME}/rollout_logprob_gap/{key}": value for key, value in gaps.items()})
+    if "rollout_is_weights" in inputs.tensors:  # verl's rollout correction is on: the weights the actor applies
+        weights = is_weight_metrics(inputs.tensors["rollout_is_weights"], inputs.response_mask, displaced)
+        metrics.update({f"{NAME}/rollout_is_weight/{key}": value for key, value in weights.items()})
     branches = branch_metrics(
         [fields.get(FIRST_DIFFERENCE_FIELD, NOT_PROBED) for fields in inputs.rollout_fields], flags
     )
