@@ -49,6 +49,8 @@ class SweepConfig:
     tags: tuple[str, ...] = field(default=())
 
 
+_RC = "algorithm.rollout_correction"  # verl 0.9.1's rollout correction (verl/trainer/ppo/rollout_corr_helper.py)
+
 # In the order they run (each for every seed before the next), most informative first: GRPO, DIVA-GRPO with the
 # paper's defaults, DIVA-GRPO without each addition, GRPO with twice the responses (the slowest run), the authors'
 # released options, the toolkit's methods.
@@ -74,7 +76,57 @@ CONFIGS: dict[str, SweepConfig] = {
     "durian": SweepConfig("durian"),
     "pgpo": SweepConfig("pgpo"),
     "mupo": SweepConfig("mupo"),
-    "noise_contrastive_grpo": SweepConfig("noise_contrastive_grpo"),
+    "noise_contrastive_grpo": SweepConfig(
+        "noise_contrastive_grpo",
+        extra=("noise_contrastive_grpo.noise_scale=2.0", f"{_RC}.rollout_is=null"),
+        note="NC-GRPO, c=2, no rollout correction (noisy half trained as the clean policy's own samples)",
+    ),
+    # NC-GRPO's scale and verl's rollout correction (issue 44), each pinned here so that a configuration keeps its
+    # meaning when the method's defaults change. The correction weighs each token by old_log_probs (the clean
+    # actor) against rollout_log_probs (the policy that sampled it: the displaced one for the noisy half, hf_cpu and
+    # vLLM alike), truncated at 2; the clean half's weights are 1 up to weight-sync rounding.
+    "nc_grpo_rc": SweepConfig(
+        "noise_contrastive_grpo",
+        extra=(
+            "noise_contrastive_grpo.noise_scale=2.0",
+            f"{_RC}.rollout_is=sequence",
+            f"{_RC}.rollout_is_threshold=2.0",
+        ),
+        note="NC-GRPO, c=2, verl's sequence-level truncated IS (min(prod pi_old/pi_rollout, 2))",
+    ),
+    "nc_grpo_rc_token": SweepConfig(
+        "noise_contrastive_grpo",
+        extra=("noise_contrastive_grpo.noise_scale=2.0", f"{_RC}.rollout_is=token", f"{_RC}.rollout_is_threshold=2.0"),
+        note="NC-GRPO, c=2, verl's token-level truncated IS (min(pi_old/pi_rollout, 2) per token)",
+    ),
+    "nc_grpo_c1": SweepConfig(
+        "noise_contrastive_grpo",
+        extra=("noise_contrastive_grpo.noise_scale=1.0", f"{_RC}.rollout_is=null"),
+        note="NC-GRPO, c=1, no rollout correction",
+    ),
+    "nc_grpo_c05": SweepConfig(
+        "noise_contrastive_grpo",
+        extra=("noise_contrastive_grpo.noise_scale=0.5", f"{_RC}.rollout_is=null"),
+        note="NC-GRPO, c=0.5, no rollout correction",
+    ),
+    "nc_grpo_rc_c1": SweepConfig(
+        "noise_contrastive_grpo",
+        extra=(
+            "noise_contrastive_grpo.noise_scale=1.0",
+            f"{_RC}.rollout_is=sequence",
+            f"{_RC}.rollout_is_threshold=2.0",
+        ),
+        note="NC-GRPO, c=1, verl's sequence-level truncated IS",
+    ),
+    "nc_grpo_rc_c05": SweepConfig(
+        "noise_contrastive_grpo",
+        extra=(
+            "noise_contrastive_grpo.noise_scale=0.5",
+            f"{_RC}.rollout_is=sequence",
+            f"{_RC}.rollout_is_threshold=2.0",
+        ),
+        note="NC-GRPO, c=0.5, verl's sequence-level truncated IS",
+    ),
 }
 BASELINE = "grpo"
 
