@@ -1,0 +1,144 @@
+"""The docs' figures are the recorded runs' (``verl_ext/report/doc_numbers.py``): regenerated here, compared with
+the pages, and checked against a plain reading of the runs' metrics files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from verl_ext.report import doc_numbers
+from verl_ext.report.doc_numbers import DocNumbersError, Generator, check, hand_typed
+
+ROOT = Path(__file__).resolve().parents[2]
+THIRD = ROOT / "benchmarks/results/sweep_tiny_third_start_24"
+
+
+@pytest.fixture(scope="module")
+def generator():
+    return Generator(ROOT)
+
+
+def test_the_docs_figures_are_the_recorded_runs():
+    problems = check(ROOT)
+    assert not problems, "run `python -m verl_ext.report.doc_numbers --write`:\n" + "\n".join(problems)
+
+
+def test_the_guarded_pages_have_markers():
+    # The check would pass vacuously on pages without markers: the guarded pages quote the runs through them.
+    for page in ("docs/learning.md", "README.md"):
+        text = (ROOT / page).read_text()
+        assert text.count("<!--=") >= 10, page
+    assert "<!-- generated: sweep-table" in (ROOT / "docs/learning.md").read_text()
+
+
+def _plain_validation(run: Path, view: str) -> dict[int, float]:
+    """The run's validation accuracy by step, read straight from its JSONL (the slow, obvious reference)."""
+    found = {}
+    for path in sorted((run / "metrics").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            for key, value in record["data"].items():
+                if key.startswith("val-core/") and f"_{view}/" in key and "/mean@" in key:
+                    found[record["step"]] = value
+    return found
+
+
+@pytest.mark.parametrize("config, seed", [("noise_contrastive_grpo", 0), ("diva_grpo", 1), ("grpo", 2)])
+def test_figures_against_a_plain_reading_of_the_metrics(generator, config, seed):
+    mine = _plain_validation(THIRD / config / f"seed{seed}", "sampled")
+    grpo = _plain_validation(THIRD / "grpo" / f"seed{seed}", "sampled")
+    greedy = _plain_validation(THIRD / config / f"seed{seed}", "greedy")
+    assert generator.figure(f"third24 {config}/seed{seed} best") == f"{max(mine.values()):.3f}"
+    assert generator.figure(f"third24 {config}/seed{seed} final") == f"{mine[max(mine)]:.3f}"
+    assert generator.figure(f"third24 {config}/seed{seed} val@8") == f"{mine[8]:.3f}"
+    assert generator.figure(f"third24 {config}/seed{seed} greedy@24") == f"{greedy[24]:.3f}"
+    paired = max(mine.values()) - max(grpo.values())
+    expected = "0.000" if round(paired, 3) == 0 else f"{paired:+.3f}"
+    assert generator.figure(f"third24 {config}/seed{seed} paired") == expected
+
+
+def test_a_configuration_figure_is_the_mean_over_seeds(generator):
+    bests = [max(_plain_validation(THIRD / "diva_grpo" / f"seed{s}", "sampled").values()) for s in (0, 1, 2)]
+    assert generator.figure("third24 diva_grpo best") == f"{sum(bests) / 3:.3f}"
+    assert generator.figure("third24 diva_grpo best.min") == f"{min(bests):.3f}"
+    assert generator.figure("third24 diva_grpo best.n") == "3"
+
+
+def test_a_metric_figure_against_the_jsonl(generator):
+    values = []
+    for path in sorted((THIRD / "grpo/seed0/metrics").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line)
+            if 1 <= record["step"] <= 12 and "actor/grad_norm" in record["data"]:
+                values.append(record["data"]["actor/grad_norm"])
+    assert len(values) == 12
+    assert generator.figure("third24 grpo/seed0 metric:actor/grad_norm:mean:1-12") == f"{sum(values) / 12:.2f}"
+
+
+def test_counts_and_divergence(generator):
+    finished = list((ROOT / "benchmarks/results/sweep_tiny").glob("*/seed*/done.json"))
+    assert generator.figure("first * runs") == str(len(finished))
+    # MUPO's 24-step runs log other gradient norms than its 12-step runs: its diversity weight follows the run's length
+    assert generator.figure("second24 mupo/seed0 diverge:second:actor/grad_norm") != "none"
+    assert generator.figure("second24 grpo/seed0 diverge:second:actor/grad_norm") == "none"
+
+
+def test_a_hand_edited_figure_is_caught(tmp_path):
+    page = (ROOT / "docs/learning.md").read_text()
+    marker = "<!--=third24 noise_contrastive_grpo/seed0 paired-->"
+    value = page.split(marker, 1)[1].split("<!--/-->", 1)[0]
+    edited = tmp_path / "learning.md"
+    edited.write_text(page.replace(f"{marker}{value}<!--/-->", f"{marker}+0.250<!--/-->", 1))
+    problems = check(ROOT, files=[edited])
+    assert len(problems) == 1 and "+0.250" in problems[0] and value in problems[0]
+
+
+def test_a_hand_edited_table_cell_is_caught(tmp_path):
+    page = (ROOT / "docs/learning.md").read_text()
+    start = page.index("<!-- generated: sweep-table third24")
+    row = page.index("| `noise_contrastive_grpo` |", start)
+    end = page.index("\n", row)
+    edited = tmp_path / "learning.md"
+    edited.write_text(page[:row] + page[row:end].replace("| 0, 1, 2 |", "| 0, 1 |", 1) + page[end:])
+    assert len(check(ROOT, files=[edited])) == 1
+
+
+def test_a_figure_typed_by_hand_is_found():
+    text = "GRPO ends at 0.703 <!--=first grpo best-->0.688<!--/-->.\n```\n0.123 in a code block\n```\n"
+    assert hand_typed(text) == [(1, "0.703")]
+
+
+def test_a_stale_sweep_table_is_caught(tmp_path):
+    folder = tmp_path / "benchmarks/results/sweep_tiny_third_start_24"
+    folder.parent.mkdir(parents=True)
+    folder.symlink_to(THIRD, target_is_directory=True)
+    generator = Generator(tmp_path)
+    texts = doc_numbers.recorded_tables(tmp_path, generator)
+    assert texts[folder / "sweep.md"] == (THIRD / "sweep.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "expr, message",
+    [
+        ("third24 grpo/seed0 val@5", "not validated at step 5"),
+        ("third24 nope best", "no configuration"),
+        ("nowhere grpo best", "no recorded sweep"),
+        ("third24 grpo/seed0 metric:no/such/key:mean", "no 'no/such/key'"),
+        ("- - calc:__import__('os')", "only numbers"),
+        ("third24 grpo", "expected"),
+    ],
+)
+def test_a_bad_marker_names_what_is_wrong(generator, expr, message):
+    with pytest.raises(DocNumbersError, match=message):
+        generator.figure(expr)
+
+
+def test_formats():
+    assert doc_numbers._format(-0.0004, "%+.3f") == "0.000"
+    assert doc_numbers._format(0.0195, "%+.3f") == "+0.020" or doc_numbers._format(0.0195, "%+.3f") == "+0.019"
+    assert doc_numbers._format(0.0196, "%+.3f") == "+0.020"  # rounded, never truncated
+    assert doc_numbers._format(0.276, "%pct") == "28%"
+    assert doc_numbers._format(28.0, "%d") == "28"
+    assert doc_numbers._calc("sqrt(0.25/256)") == pytest.approx(0.03125)
