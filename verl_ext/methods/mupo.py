@@ -12,7 +12,15 @@ from __future__ import annotations
 from verl_ext.algos import compute_mupo_advantage
 from verl_ext.methods.base import AdvantageInputs, AdvantageMethod, AdvantageResult, register_method
 from verl_ext.methods.metrics import advantage_summary
-from verl_ext.mupo import MupoConfig, add_sequence_bonus, check_rollout_n, decode_responses, mupo_step, shared_embedder
+from verl_ext.mupo import (
+    MupoConfig,
+    add_sequence_bonus,
+    check_embedder,
+    check_rollout_n,
+    decode_responses,
+    mupo_step,
+    shared_embedder,
+)
 
 NAME = "mupo"
 
@@ -48,6 +56,9 @@ def compute(inputs: AdvantageInputs, config: MupoConfig) -> AdvantageResult:
 
 def check_config(full_config, config: MupoConfig) -> None:
     check_rollout_n(full_config.actor_rollout_ref.rollout.n, config)
+    # The embedding backend runs at the first advantage step, after the first rollout: an endpoint that is down or
+    # refuses the key fails the trainer's start instead (embeddings are computed in this, the driver's, process).
+    check_embedder(config.embedding)
 
 
 METHOD = register_method(

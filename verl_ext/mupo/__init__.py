@@ -8,7 +8,7 @@
 """
 
 from verl_ext.mupo.config import EmbeddingConfig, MupoConfig, check_rollout_n, mupo_config_from
-from verl_ext.mupo.embedder import Embedder, build_embedder, shared_embedder
+from verl_ext.mupo.embedder import Embedder, build_embedder, check_embedder, shared_embedder
 from verl_ext.mupo.errors import EmbeddingEndpointRefused, EmbeddingError
 from verl_ext.mupo.step import add_sequence_bonus, decode_responses, mupo_step
 from verl_ext.mupo.think import extract_think_span
@@ -21,6 +21,7 @@ __all__ = [
     "MupoConfig",
     "add_sequence_bonus",
     "build_embedder",
+    "check_embedder",
     "check_rollout_n",
     "decode_responses",
     "extract_think_span",
