@@ -24,8 +24,16 @@ def _diva_grpo_needs_the_diva_trainer(token_level_rewards, response_mask, index=
     )
 
 
-if ADV_ESTIMATOR_REGISTRY.get(ADV_ESTIMATOR_NAME) is None:
-    register_adv_est(ADV_ESTIMATOR_NAME)(_diva_grpo_needs_the_diva_trainer)
+def _register(name: str, fn) -> None:
+    """Register ``name`` unless it is registered already. A name another package registered first (a later verl:
+    its main has a CoDaPO pull request under `codapo`) is not overwritten here (verl refuses a second registration,
+    and hides a plugin's import error) but refused by check_registered(), which every trainer of the recipe calls,
+    so that the other package's estimator never runs in the place of this toolkit's under the same name."""
+    if ADV_ESTIMATOR_REGISTRY.get(name) is None:
+        register_adv_est(name)(fn)
+
+
+_register(ADV_ESTIMATOR_NAME, _diva_grpo_needs_the_diva_trainer)
 
 
 def _register_cpu_training() -> None:
@@ -73,14 +81,24 @@ def _by_name(name: str):
 
 
 for _name in TOOLKIT_METHODS:
-    if ADV_ESTIMATOR_REGISTRY.get(_name) is None:
-        register_adv_est(_name)(_by_name(_name))
+    _register(_name, _by_name(_name))
 
 
 def check_registered() -> None:
-    """Raise ``RuntimeError`` if ``diva_grpo`` or another toolkit method is missing from verl's registry."""
+    """Raise ``RuntimeError`` if ``diva_grpo`` or another toolkit method is missing from verl's registry, or if one
+    of their names is registered by another package (verl's own estimator would run under the toolkit's name)."""
     from verl_ext.methods import METHODS
 
+    taken = {name: _owner(name) for name in (ADV_ESTIMATOR_NAME, *TOOLKIT_METHODS)}
+    taken = {name: owner for name, owner in taken.items() if owner}
+    if taken:
+        raise RuntimeError(
+            "advantage estimator name(s) already registered by another package, whose estimator would run in the "
+            f"place of this toolkit's: {taken}. This toolkit is built for verl 0.9.1 (`pip install verl==0.9.1`), "
+            "which registers none of them; with a verl that does, choose which to run: this toolkit's method "
+            "(uninstall or pin the other) or the other package's (algorithm.adv_estimator=<its name> without this "
+            "recipe's trainer)"
+        )
     names = {ADV_ESTIMATOR_NAME, *TOOLKIT_METHODS, *METHODS}
     missing = sorted(name for name in names if name not in ADV_ESTIMATOR_REGISTRY)
     if missing:
@@ -89,3 +107,11 @@ def check_registered() -> None:
             "(`pip install -e .`) so that its `verl.plugins` entry point is visible, and is "
             "VERL_USE_EXTERNAL_PLUGINS not set to 'none'?"
         )
+
+
+def _owner(name: str) -> str | None:
+    """Who registered ``name`` when it is not this plugin (``None``: this plugin, or nobody yet)."""
+    registered = ADV_ESTIMATOR_REGISTRY.get(name)
+    if registered is None or getattr(registered, "__module__", None) == __name__:
+        return None
+    return f"{getattr(registered, '__module__', '?')}.{getattr(registered, '__qualname__', registered)}"
