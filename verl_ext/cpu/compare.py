@@ -113,7 +113,10 @@ def method_run(
     the recipe's ``val_kwargs``) ``val_samples`` times per question beside its greedy copy; ``None``: greedy only."""
     from verl_ext.cpu.launch import cpu_overrides, runtime_env
 
-    run_dir = run_dir or out / method
+    # Absolute: the job runs in Ray's copy of the repository, where a relative metrics folder (the runtime env's
+    # VERL_FILE_LOGGER_ROOT) would be written and lost (a relative OUT once left finished runs without metrics).
+    out = Path(out).resolve()
+    run_dir = Path(run_dir).resolve() if run_dir is not None else out / method
     run_dir.mkdir(parents=True, exist_ok=True)
     args = cpu_overrides(
         paths,
