@@ -21,6 +21,7 @@ from verl_ext.nc_grpo.noise import (
     FLAG_FIELD,
     NOISE_KEY,
     SEED_FIELD,
+    applied_record,
     displacement,
     noise_rows,
     noise_seed,
@@ -603,3 +604,39 @@ def test_exact_logprob_check_holds_noisy_samples_to_their_displaced_recomputatio
     assert logprob_check.step_gap(as_clean, "w", None, None, 1.0, knobs).rollout_max == pytest.approx(0.3)
     with pytest.raises(logprob_check.LogprobCheckError, match="noise knobs"):
         logprob_check.step_gap(record, "w", None, None, 1.0)
+
+
+class _DeviceCopies(torch.overrides.TorchFunctionMode):
+    """Counts the calls that copy a tensor off its device (``Tensor.cpu``, ``Tensor.to``, ``Tensor.numpy``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.copies = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("cpu", "to", "numpy"):
+            self.copies += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_applied_record_leaves_the_rows_on_their_device_unless_a_check_keeps_them(dtype):
+    """A served noisy request records only the displacement's relative size (one scalar); the displaced rows are
+    copied off the device only when a check asked for them (``nc_grpo_keep_tensors``)."""
+    generator = torch.Generator().manual_seed(0)
+    before = torch.randn(5, 8, generator=generator).to(dtype)
+    after = (before.float() + 0.5 * torch.randn(5, 8, generator=generator)).to(dtype)
+    noise = {"seed": 3, "scale": 2.0, "target": "layer_input", "layer": 1}
+    with _DeviceCopies() as light:
+        record = applied_record("r", noise, 0, 5, before, after, keep_tensors=False, layer=1)
+    with _DeviceCopies() as kept_mode:
+        kept = applied_record("r", noise, 0, 5, before, after, keep_tensors=True, layer=1)
+    assert light.copies == 0 and "hidden" not in record and "displacement" not in record
+    assert kept_mode.copies >= 2
+    moved = after.float() - before.float()
+    assert record["relative_norm"] == pytest.approx(float(moved.norm() / before.float().norm()), rel=1e-6)
+    assert kept["relative_norm"] == record["relative_norm"]
+    torch.testing.assert_close(kept["displacement"], moved)
+    torch.testing.assert_close(kept["hidden"], before.float())
+    before.zero_()  # the caller overwrites its batch afterwards: the kept rows are copies
+    assert kept["hidden"].abs().sum() > 0

@@ -142,10 +142,10 @@ def applied_record(
     """What a backend records of one applied displacement of prompt positions ``start:end`` (``before`` and
     ``after``: ``(end - start, d)``, or ``(d,)`` for the final hidden state). ``layer``: the resolved decoder layer
     (``None`` for ``final_hidden``). The tensors (float32 CPU copies) only with ``keep_tensors`` (tests compare
-    backends on them; a 7B prompt's rows are tens of MB); the relative size ``||h~ - h|| / ||h||`` always."""
-    # Copies: ``before`` may be a view of the batch the caller then overwrites with ``after``.
-    before32, after32 = before.detach().float().cpu().clone(), after.detach().float().cpu().clone()
-    moved = after32 - before32
+    backends on them; a 7B prompt's rows are tens of MB): otherwise nothing leaves the device but the relative size
+    ``||h~ - h|| / ||h||``, one scalar, computed where the rows are."""
+    before32, after32 = before.detach().float(), after.detach().float()
+    moved = after32 - before32  # a new tensor, made before the caller overwrites ``before`` (it may be a view)
     record = {
         "request_id": str(request_id),
         "seed": int(noise["seed"]),
@@ -156,5 +156,5 @@ def applied_record(
         "relative_norm": float(moved.norm() / before32.norm().clamp_min(1e-30)),
     }
     if keep_tensors:
-        record.update(hidden=before32, displacement=moved)
+        record.update(hidden=before32.cpu().clone(), displacement=moved.cpu().clone())
     return record
