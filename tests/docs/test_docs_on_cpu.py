@@ -35,7 +35,15 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = sorted([ROOT / "README.md", ROOT / "recipe/diva_grpo/README.md", *(ROOT / "docs").rglob("*.md")])
+# The seed sweeps' notebooks (benchmarks/results/<folder>/NOTES.md) are pages too: their links and commands are checked.
+PAGES = sorted(
+    [
+        ROOT / "README.md",
+        ROOT / "recipe/diva_grpo/README.md",
+        *(ROOT / "docs").rglob("*.md"),
+        *(ROOT / "benchmarks/results").glob("*/NOTES.md"),
+    ]
+)
 PROJECT_PACKAGES = ("verl_ext", "data_prep", "recipe")
 # Set by the machine or a shell, not read by the project's code.
 GENERIC_ENV = {"PATH", "HOME", "PYTHONPATH", "CUDA_VISIBLE_DEVICES"}
