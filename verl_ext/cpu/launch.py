@@ -105,10 +105,11 @@ def vllm_worker_extension(method: str) -> str:
 # units (~10 GB) sized for the tiny run. Micro-batches and agent-loop workers follow the cluster's shape
 # (:func:`cluster_overrides`).
 _FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+PADDED = "actor_rollout_ref.model.use_remove_padding=false"
 ACCELERATOR_FREE_OVERRIDES = (
     "trainer.device=cpu",
     "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-    "actor_rollout_ref.model.use_remove_padding=false",
+    PADDED,
     "actor_rollout_ref.actor.strategy=fsdp2",
     f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={_FP32}",
     f"+actor_rollout_ref.ref.fsdp_config.mixed_precision={_FP32}",
@@ -119,6 +120,16 @@ ACCELERATOR_FREE_OVERRIDES = (
     "reward.num_workers=1",
     "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
 )
+
+
+def accelerator_free_overrides(packed: bool = False) -> list[str]:
+    """:data:`ACCELERATOR_FREE_OVERRIDES`; ``packed``: with verl's packed sequences instead (``use_remove_padding``,
+    the GPU launchers' setting), through verl's patched attention and the CPU stand-in for flash-attn
+    (:mod:`verl_ext.cpu.varlen_attention`)."""
+    packing = "actor_rollout_ref.model.use_remove_padding=true"
+    return [packing if packed and line == PADDED else line for line in ACCELERATOR_FREE_OVERRIDES]
+
+
 # The tiny run's responses per step, every method (DIVA: questions x 2 prompts x n; the others: questions x 2n).
 RESPONSES_PER_QUESTION = 8
 # Micro-batch sizes of one rank at world size 1; a larger world gets the rows each rank has, if fewer.
@@ -235,6 +246,7 @@ def cpu_overrides(
     seed: int = 0,
     shape: ClusterShape = ClusterShape(),
     without: tuple[str, ...] = (),
+    packed: bool = False,
 ) -> list[str]:
     """Hydra overrides of a tiny CPU run (see the module docstring).
 
@@ -244,6 +256,7 @@ def cpu_overrides(
     answers for the same weights, so curves move only when the policy does). ``seed`` seeds the data order, the
     variant draws and the rollout sampling. ``shape``: the cluster's nodes and GPUs per node
     (:func:`cluster_overrides`). ``without``: DIVA-GRPO's additions removed (:mod:`verl_ext.cpu.ablations`).
+    ``packed``: verl's packed sequences (:func:`accelerator_free_overrides`).
 
     ``ray_init``: the entry point starts Ray itself (a test); then it gets one logical GPU, 16 logical CPUs
     (TransferQueue's storage actors) and :data:`verl_ext.cpu.CPU_ENV` for every process. Under ``ray job submit``
@@ -256,7 +269,7 @@ def cpu_overrides(
         f"data.max_response_length={response_length}",
         f"diva.variants.max_pixels={MAX_PIXELS}",
         f"actor_rollout_ref.model.path={paths['model']}",
-        *ACCELERATOR_FREE_OVERRIDES,
+        *accelerator_free_overrides(packed),
         *cluster_overrides(shape, questions * 2 * rollout_n),
         "actor_rollout_ref.model.enable_gradient_checkpointing=false",
         f"actor_rollout_ref.actor.optim.lr={lr}",
@@ -348,7 +361,9 @@ VLLM_CPU_CHANGES: tuple[CpuChange, ...] = (
     CpuChange(
         "attn_implementation=sdpa, use_remove_padding=false",
         (f"{_AR}.model.override_config", f"{_AR}.model.use_remove_padding"),
-        "attention: flash-attention and its padding-free packing need CUDA",
+        "attention: flash-attention needs CUDA (sdpa instead); the packed sequences run on the CPU with "
+        "USE_REMOVE_PADDING=1 (verl's patched attention, a torch stand-in for flash-attn) and match the padded run to "
+        "float tolerance; padded stays the default so that the recorded runs repeat",
     ),
     CpuChange("actor.strategy=fsdp2", (f"{_AR}.actor.strategy",), "device: verl's FSDP1 path needs an accelerator"),
     CpuChange(
@@ -506,6 +521,7 @@ def vllm_cpu_overrides(
     rollout_n: int = 4,
     shape: ClusterShape = ClusterShape(),
     without: tuple[str, ...] = (),
+    packed: bool = False,
 ) -> list[str]:
     """Hydra overrides the GPU launcher has no variable for (see :data:`VLLM_CPU_CHANGES`), after its own;
     ``without``: those that remove DIVA-GRPO's additions (:func:`verl_ext.cpu.ablations.launcher_ablation`)."""
@@ -514,7 +530,7 @@ def vllm_cpu_overrides(
     return [
         *launcher_ablation(without, rollout_n)[1],
         *_mupo_overrides(method, rollout_n),
-        *ACCELERATOR_FREE_OVERRIDES,
+        *accelerator_free_overrides(packed),
         *worker_overrides(shape, questions * 2 * rollout_n),  # nodes and GPUs: the launcher's NNODES, ...
         f"trainer.total_training_steps={steps}",
         "trainer.resume_mode=auto",
@@ -588,6 +604,11 @@ def main(argv: list[str] | None = None) -> int:
         help="hf_cpu (default) or vllm: verl's vLLM rollout through the method's GPU launcher",
     )
     parser.add_argument("--launcher-env-out", default=None, help="--rollout vllm: write the launcher's variables here")
+    parser.add_argument(
+        "--use-remove-padding",
+        action="store_true",
+        help="verl's packed sequences (the GPU launchers' use_remove_padding=true) instead of padded batches",
+    )
     args = parser.parse_args(argv)
     shape = ClusterShape(args.nodes, args.gpus_per_node, args.tp)
     without = tuple(args.without.split())
@@ -613,7 +634,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.launcher_env_out:
             with open(args.launcher_env_out, "w") as f:
                 f.write("".join(f"{k}={v}\n" for k, v in env.items()))
-        lines = vllm_cpu_overrides(**run)
+        lines = vllm_cpu_overrides(**run, packed=args.use_remove_padding)
     else:
         lines = None
     lines = lines or cpu_overrides(
@@ -628,6 +649,7 @@ def main(argv: list[str] | None = None) -> int:
         ray_init=args.ray_init,
         shape=shape,
         without=without,
+        packed=args.use_remove_padding,
     )
     if args.runtime_env_out:
         import yaml

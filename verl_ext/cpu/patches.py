@@ -37,8 +37,22 @@ def _single_gloo_backend() -> None:
     distributed.initialize_global_process_group_ray = initialize_global_process_group_ray
 
 
+def _varlen_attention_on_cpu() -> None:
+    """Assumption lifted: flash-attn is installed.
+
+    With ``use_remove_padding=true`` verl's Qwen2-VL / Qwen2.5-VL attention (``verl.models.transformers.qwen2_vl``)
+    calls ``flash_attn_varlen_func`` on the packed sequences, names that module defines only when flash-attn (a CUDA
+    kernel) imports. :func:`verl_ext.cpu.varlen_attention.install` gives it an exact torch stand-in, so the packed
+    path of a GPU run runs on the CPU through verl's own code; the stand-in refuses CUDA tensors.
+    """
+    from verl_ext.cpu import varlen_attention
+
+    varlen_attention.install()
+
+
 PATCHES = {
     "single_gloo_backend": _single_gloo_backend,
+    "varlen_attention_on_cpu": _varlen_attention_on_cpu,
 }
 
 
