@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # See it train, on a laptop: real DIVA-GRPO steps on the CPU with verl's own trainer, FSDP2 workers and rollout
-# server (transformers), on a tiny Qwen2-VL built locally (no hub) and the `diva-prep synth` set, submitted with
+# server (transformers), on a tiny Qwen2.5-VL built locally (no hub; the 7B job's model class, TINY_ARCH=qwen2_vl:
+# Qwen2-VL) and the `diva-prep synth` set, submitted with
 # `ray job submit` to a local Ray head (one logical GPU). It trains STEPS steps, saves a checkpoint, resumes from it
 # for RESUME_STEPS more in a fresh trainer, checks the run (finite non-zero loss and gradient, rollout log-probs
 # equal to the actor's after each weight sync, difficulty state restored) and prints a summary. A few minutes.
@@ -58,7 +59,7 @@ mkdir -p "$RUN_DIR"
 # (ROLLOUT=vllm: those the GPU launcher has no variable for, and the launcher's variables in launcher_env.txt).
 python -m verl_ext.cpu.launch --workdir "$WORKDIR" --run-dir "$RUN_DIR" --method "$METHOD" --steps "$STEPS" \
   --save-freq "$SAVE_FREQ" --without "${WITHOUT:-}" --rollout "$ROLLOUT" --nodes "$NODES" --gpus-per-node "$GPUS_PER_NODE" --tp "$TP" \
-  --launcher-env-out "$RUN_DIR/launcher_env.txt" ${USE_REMOVE_PADDING:+--use-remove-padding} \
+  --launcher-env-out "$RUN_DIR/launcher_env.txt" --arch "${TINY_ARCH:-qwen2_5_vl}" ${USE_REMOVE_PADDING:+--use-remove-padding} \
   --runtime-env-out "$RUN_DIR/runtime_env.yaml" >"$RUN_DIR/overrides.txt"
 mapfile -t ARGS <"$RUN_DIR/overrides.txt"
 ARGS+=("+cpu_run.resume_steps=$RESUME_STEPS")

@@ -30,6 +30,7 @@ import pytest
 import torch
 from tiny_launch import run_tiny_cpu
 
+from verl_ext.cpu.tiny_model import DEFAULT_ARCH, tiny_model_dir_name
 from verl_ext.nc_grpo.branching import FIRST_DIFFERENCE_FIELD, NOT_PROBED, first_difference
 from verl_ext.nc_grpo.noise import FLAG_FIELD, SEED_FIELD, noise_seed, noisy_responses
 from verl_ext.rollout.seeds import request_seed
@@ -149,7 +150,7 @@ def test_hf_cpu_trains_checkpoints_resumes_and_its_noisy_rollouts_branch(tmp_pat
 
     # The noisy rollouts of step 1 against the clean rollouts the same seeds give (the initial weights: step 1).
     record = _record(run_dir, 1)
-    clean = _clean_rollouts_of_the_same_seeds(str(tmp_path / "tiny_qwen2_vl"), record, 0)
+    clean = _clean_rollouts_of_the_same_seeds(str(tmp_path / tiny_model_dir_name(DEFAULT_ARCH)), record, 0)
     differ, diffs = 0, []
     for row, regenerated in clean.items():
         sampled = [int(t) for t in record["responses"][row][: int(record["response_mask"][row].sum())]]
@@ -183,7 +184,7 @@ def test_vllm_trains_resumes_and_passes_the_exact_check_with_its_noisy_responses
     assert sum(data[f"{METHOD}/branch/rate"] for data in metrics.values()) > 0
     # rollout.seed: the GPU launcher leaves verl's default, 42.
     assert _check_flags(run_dir, [1, 2, 3], 42) == 3 * 2 * N // 2
-    model = str(tmp_path / "tiny_qwen2_vl")
+    model = str(tmp_path / tiny_model_dir_name(DEFAULT_ARCH))
     knobs = NoiseContrastiveConfig()  # the launcher's defaults
     noise = {"scale": knobs.noise_scale, "target": knobs.target, "layer": knobs.layer}
     gaps = check_rollout_logprobs(

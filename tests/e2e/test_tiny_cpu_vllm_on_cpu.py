@@ -22,6 +22,7 @@ import torch
 from tiny_launch import job_log, launch_tiny_cpu, sockets_off_loopback
 
 from verl_ext.cluster.placement import parse_placement
+from verl_ext.cpu.tiny_model import DEFAULT_ARCH, tiny_model_dir_name
 
 STEPS, RESUME_STEPS, NODES = 2, 1, 2
 
@@ -121,7 +122,7 @@ def test_the_check_fails_when_the_rollout_keeps_stale_weights(run, tmp_path):
         weights_by_step,
     )
 
-    model = str(run["workdir"] / "tiny_qwen2_vl")
+    model = str(run["workdir"] / tiny_model_dir_name(DEFAULT_ARCH))
     probe = run["dir"] / "probe"
     synced = weights_by_step(model, [str(run["dir"] / "checkpoints")])
     (gap,) = check_rollout_logprobs(str(probe), synced, model, 1.0, steps=[2])

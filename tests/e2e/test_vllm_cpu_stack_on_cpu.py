@@ -13,13 +13,20 @@ from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 from packaging.specifiers import SpecifierSet
 
 from verl_ext.cpu import shared_memory as shm
 from verl_ext.cpu.ablations import checked_additions, launcher_ablation
 from verl_ext.cpu.launch import VLLM_CPU_CHANGES, cpu_overrides, launcher_for, vllm_cpu_overrides, vllm_launcher_env
+from verl_ext.cpu.ledger import METHODS as LEDGER_METHODS
+from verl_ext.cpu.ledger import (
+    compose_leaves,
+    config_differences,
+    cpu_run_overrides,
+    gpu_job_leaves,
+    launcher_overrides,
+    ledger_problems,
+)
 from verl_ext.cpu.vllm_alias import alias_requirements, build_alias_wheel, wheel_metadata
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -118,53 +125,60 @@ def test_setup_script_says_how_to_call_it():
 # ---------------------------------------------------------------------------------------------- configuration
 
 
-def _launcher_overrides(script: str, env: dict) -> list[str]:
-    run_env = {**os.environ, **env, "DIVA_PRINT_ONLY": "1"}
-    out = subprocess.run(
-        ["bash", f"run_scripts/{script}"], cwd=ROOT, env=run_env, capture_output=True, text=True, check=True
-    )
-    return [line for line in out.stdout.splitlines() if line]
-
-
-def _compose(overrides: list[str]) -> dict:
-    with initialize_config_dir(config_dir=str(ROOT / "recipe" / "diva_grpo" / "config"), version_base=None):
-        cfg = compose("diva_grpo", overrides=overrides)
-    return OmegaConf.to_container(cfg, resolve=False)
-
-
-def _leaves(tree, prefix="") -> dict:
-    if isinstance(tree, dict):
-        out = {}
-        for key, value in tree.items():
-            out.update(_leaves(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: tree}
-
-
 def _hydra_key(override: str) -> str:
     return override.lstrip("+~").split("=", 1)[0]
 
 
-@pytest.mark.parametrize(
-    "method", ["diva", "grpo", "avspo", "codapo", "durian", "pgpo", "mupo", "noise_contrastive_grpo"]
-)
-def test_cpu_vllm_run_is_the_gpu_launchers_run_with_the_listed_changes(tmp_path, method):
-    """Every config value the CPU run changes in the method's GPU launcher run is one of VLLM_CPU_CHANGES, the
-    rollout stays verl's vLLM, and no key is set twice (the CPU's overrides come after the launcher's own)."""
-    script = launcher_for(method)
-    paths = {k: str(tmp_path / k) for k in ("model", "train", "val")}
-    cpu_env = vllm_launcher_env(paths, str(tmp_path / "run"), method=method)
-    cpu_args = _launcher_overrides(script, cpu_env) + vllm_cpu_overrides(method=method, steps=3)
-    keys = [_hydra_key(a) for a in cpu_args]
+@pytest.fixture(scope="module")
+def differences():
+    """Every method's config differences between its GPU launcher's job and its CPU run (the ledger's input)."""
+    return {method: config_differences(method) for method in LEDGER_METHODS}
+
+
+@pytest.mark.parametrize("method", LEDGER_METHODS)
+def test_cpu_vllm_run_is_the_gpu_launchers_run_with_the_listed_changes(tmp_path, method, differences):
+    """Every config value the CPU run changes in the method's GPU launcher run is an entry of the ledger
+    (VLLM_CPU_CHANGES), the rollout stays verl's vLLM, and no key is set twice (the CPU's overrides come after the
+    launcher's own)."""
+    keys = [_hydra_key(a) for a in cpu_run_overrides(method)]
     assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
-    gpu = _leaves(_compose(_launcher_overrides(script, {})))
-    cpu = _leaves(_compose(cpu_args))
-    changed = sorted(k for k in set(gpu) | set(cpu) if gpu.get(k, "<unset>") != cpu.get(k, "<unset>"))
-    listed = [key for change in VLLM_CPU_CHANGES for key in change.keys]
-    unlisted = [k for k in changed if not any(k == p or k.startswith(p + ".") for p in listed)]
-    assert unlisted == [], f"changed but not in VLLM_CPU_CHANGES: {unlisted}"
-    assert cpu["actor_rollout_ref.rollout.name"] == gpu["actor_rollout_ref.rollout.name"] == "vllm"
-    assert cpu["algorithm.adv_estimator"] == gpu["algorithm.adv_estimator"]
+    assert ledger_problems({method: differences[method]}, changes=_entries_differing_for(method)) == []
+    cpu = compose_leaves(cpu_run_overrides(method))
+    assert cpu["actor_rollout_ref.rollout.name"] == gpu_job_leaves(method)["actor_rollout_ref.rollout.name"] == "vllm"
+    assert cpu["algorithm.adv_estimator"] == gpu_job_leaves(method)["algorithm.adv_estimator"]
+    assert cpu["actor_rollout_ref.actor.strategy"] == gpu_job_leaves(method)["actor_rollout_ref.actor.strategy"]
+
+
+def _entries_differing_for(method: str):
+    """The ledger's entries, each narrowed to its keys that differ for ``method`` (the stale check is over all)."""
+    from verl_ext.cpu.launch import CpuChange
+    from verl_ext.cpu.ledger import _listed
+
+    diff = config_differences(method)
+    narrowed = []
+    for change in VLLM_CPU_CHANGES:
+        keys = tuple(k for k in change.keys if any(_listed(d, [k]) for d in diff))
+        if keys:
+            narrowed.append(CpuChange(change.setting, keys, change.why))
+    return narrowed
+
+
+def test_every_ledger_entry_still_differs_for_some_method(differences):
+    assert ledger_problems(differences) == []
+
+
+def test_the_ledger_fails_on_an_unlisted_difference_and_on_a_stale_entry(differences):
+    """A launcher that gains a difference (here: the CPU run changing the clip ratio) fails the ledger, naming the
+    key and both values; an entry whose key no longer differs (here: a CPU run with the GPU's learning rate) fails
+    it too."""
+    gained = {"diva": config_differences("diva", extra=("actor_rollout_ref.actor.clip_ratio_high=0.5",))}
+    problems = ledger_problems({**differences, **gained})
+    assert len(problems) == 1 and "actor_rollout_ref.actor.clip_ratio_high is 0.3 in the GPU job and 0.5" in problems[0]
+    same_lr = {m: config_differences(m, extra=("actor_rollout_ref.actor.optim.lr=1e-6",)) for m in LEDGER_METHODS}
+    problems = ledger_problems(same_lr)
+    assert problems == [
+        "VLLM_CPU_CHANGES entry 'LR=1e-3': actor_rollout_ref.actor.optim.lr no longer differs for any method: remove it"
+    ]
 
 
 # What removing DIVA-GRPO's additions sets, on either route: the launcher's batch shape and the advantage's knobs.
@@ -183,7 +197,7 @@ ABLATION_KEYS = (
 def _vllm_route(tmp_path, method: str, without: tuple[str, ...]) -> list[str]:
     paths = {k: str(tmp_path / k) for k in ("model", "train", "val")}
     env = vllm_launcher_env(paths, str(tmp_path / "run"), method=method, without=without)
-    return _launcher_overrides(launcher_for(method), env) + vllm_cpu_overrides(method=method, without=without)
+    return launcher_overrides(launcher_for(method), env) + vllm_cpu_overrides(method=method, without=without)
 
 
 def test_launcher_ablation_uses_the_launchers_variables_where_it_has_them():
@@ -203,11 +217,11 @@ def test_additions_removed_on_the_vllm_route_as_on_the_hf_cpu_route(tmp_path, wi
     args = _vllm_route(tmp_path, "diva", without)
     keys = [_hydra_key(a) for a in args]
     assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
-    vllm = _leaves(_compose(args))
+    vllm = compose_leaves(args)
     paths = {k: str(tmp_path / k) for k in ("model", "train", "val")}
-    hf = _leaves(_compose(cpu_overrides(paths, str(tmp_path / "ckpt"), without=without, ray_init=False)))
+    hf = compose_leaves(cpu_overrides(paths, str(tmp_path / "ckpt"), without=without, ray_init=False))
     assert {k: vllm[k] for k in ABLATION_KEYS} == {k: hf[k] for k in ABLATION_KEYS}
-    full = _leaves(_compose(_vllm_route(tmp_path, "diva", ())))
+    full = compose_leaves(_vllm_route(tmp_path, "diva", ()))
     removed = checked_additions(without)
     assert (vllm["diva.variants.variants_per_question"] == 0) == ("variants" in removed)
     assert (vllm["diva.advantage.k"] == 0) == ("difficulty_weighting" in removed)
@@ -223,8 +237,8 @@ def test_diva_without_its_additions_is_the_grpo_launchers_run_but_for_the_method
     """``ROLLOUT=vllm WITHOUT=all``: the DIVA launcher's run differs from the GRPO launcher's (same responses per
     question) only in what names the method (estimator, trainer, dataset, experiment) and in DIVA's advantage knobs,
     which verl's GRPO does not read."""
-    diva = _leaves(_compose(_vllm_route(tmp_path, "diva", ("all",))))
-    grpo = _leaves(_compose(_vllm_route(tmp_path, "grpo", ())))
+    diva = compose_leaves(_vllm_route(tmp_path, "diva", ("all",)))
+    grpo = compose_leaves(_vllm_route(tmp_path, "grpo", ()))
     changed = sorted(k for k in set(diva) | set(grpo) if diva.get(k, "<unset>") != grpo.get(k, "<unset>"))
     assert changed == [
         "algorithm.adv_estimator",

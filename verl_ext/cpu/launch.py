@@ -28,24 +28,25 @@ import sys
 from dataclasses import dataclass
 
 from verl_ext.cpu import CPU_ENV, ROLLOUT_NAME, VLLM_WORKER_EXTENSION
-from verl_ext.cpu.tiny_model import MAX_PIXELS, build_tiny_qwen2_vl
+from verl_ext.cpu.tiny_model import ARCHS, DEFAULT_ARCH, MAX_PIXELS, build_tiny_vlm, tiny_model_dir_name
 from verl_ext.faults import FAULT_DIR_ENV, FAULTS_ENV
 
 TRAIN_QUESTIONS = 16
 VAL_QUESTIONS = 4
 
 
-def prepare(workdir: str) -> dict:
-    """Tiny model and synthetic data under ``workdir`` (reused when present); returns their paths."""
+def prepare(workdir: str, arch: str = DEFAULT_ARCH) -> dict:
+    """Tiny model of ``arch`` (:data:`verl_ext.cpu.tiny_model.ARCHS`) and synthetic data under ``workdir`` (reused
+    when present); returns their paths. The training set's visual entropies are the model's, so it is per model."""
     from data_prep.synth import synth
 
     os.makedirs(workdir, exist_ok=True)
     paths = {
-        "model": os.path.join(workdir, "tiny_qwen2_vl"),
-        "train": os.path.join(workdir, "synth_train.parquet"),
+        "model": os.path.join(workdir, tiny_model_dir_name(arch)),
+        "train": os.path.join(workdir, "synth_train.parquet" if arch == "qwen2_vl" else f"synth_train_{arch}.parquet"),
         "val": os.path.join(workdir, "synth_val.parquet"),
     }
-    build_tiny_qwen2_vl(paths["model"])
+    build_tiny_vlm(paths["model"], arch=arch)
     if not os.path.exists(paths["train"]):
         raw = os.path.join(workdir, "synth_train_raw.parquet")
         synth(raw, TRAIN_QUESTIONS, seed=0, split="train")
@@ -82,12 +83,14 @@ def _mupo_overrides(method: str, rollout_n: int) -> list[str]:
 
 
 def _nc_grpo_overrides(method: str) -> list[str]:
-    """NC-GRPO on the hf_cpu rollout: its agent loop flags the noisy requests (the GPU launcher sets the same)."""
+    """NC-GRPO on the hf_cpu rollout: its agent loop flags the noisy requests, and verl's rollout correction weighs
+    the noisy half by how likely the clean policy is to draw it (the GPU launcher sets the same)."""
     if method != "noise_contrastive_grpo":
         return []
+    from verl_ext.methods.noise_contrastive_grpo import rollout_correction_overrides
     from verl_ext.nc_grpo.noise import AGENT_LOOP_NAME
 
-    return [f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_LOOP_NAME}"]
+    return [f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_LOOP_NAME}", *rollout_correction_overrides()]
 
 
 def vllm_worker_extension(method: str) -> str:
@@ -110,7 +113,6 @@ ACCELERATOR_FREE_OVERRIDES = (
     "trainer.device=cpu",
     "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
     PADDED,
-    "actor_rollout_ref.actor.strategy=fsdp2",
     f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={_FP32}",
     f"+actor_rollout_ref.ref.fsdp_config.mixed_precision={_FP32}",
     "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
@@ -318,12 +320,16 @@ _AR = "actor_rollout_ref"
 # (vllm_launcher_env), then the Hydra overrides it has no variable for (vllm_cpu_overrides). A test composes both
 # runs and checks that every config value that differs is listed here; docs/stack.md's table shows the same list.
 VLLM_CPU_CHANGES: tuple[CpuChange, ...] = (
-    CpuChange("MODEL_PATH", (f"{_AR}.model.path",), "the tiny Qwen2-VL built locally (no hub)"),
+    CpuChange(
+        "MODEL_PATH",
+        (f"{_AR}.model.path",),
+        "size: the tiny Qwen2.5-VL (the 7B's class, shrunk) built locally (no hub)",
+    ),
     CpuChange("TRAIN_FILES, VAL_FILES", ("data.train_files", "data.val_files"), "the tiny `diva-prep synth` set"),
     CpuChange(
-        "NNODES, N_GPUS_PER_NODE, TP_SIZE (tiny_cpu.sh: NODES, GPUS_PER_NODE, TP)",
-        ("trainer.nnodes", "trainer.n_gpus_per_node", f"{_AR}.rollout.tensor_model_parallel_size"),
-        "device: the local cluster's nodes and logical GPUs (default one node, one GPU)",
+        "N_GPUS_PER_NODE (tiny_cpu.sh: GPUS_PER_NODE; NODES and TP as NNODES and TP_SIZE)",
+        ("trainer.n_gpus_per_node",),
+        "device: the local cluster's logical GPUs (default one node, one GPU)",
     ),
     CpuChange(
         "QUESTIONS_PER_STEP=2, ROLLOUT_N",
@@ -365,7 +371,6 @@ VLLM_CPU_CHANGES: tuple[CpuChange, ...] = (
         "USE_REMOVE_PADDING=1 (verl's patched attention, a torch stand-in for flash-attn) and match the padded run to "
         "float tolerance; padded stays the default so that the recorded runs repeat",
     ),
-    CpuChange("actor.strategy=fsdp2", (f"{_AR}.actor.strategy",), "device: verl's FSDP1 path needs an accelerator"),
     CpuChange(
         "fsdp_config.mixed_precision fp32, rollout.dtype=float32",
         (f"{_AR}.actor.fsdp_config.mixed_precision", f"{_AR}.ref.fsdp_config.mixed_precision", f"{_AR}.rollout.dtype"),
@@ -406,8 +411,8 @@ VLLM_CPU_CHANGES: tuple[CpuChange, ...] = (
         "extension with both patches, CpuNoiseWorkerExtension)",
     ),
     CpuChange(
-        "rollout.calculate_log_probs=true, actor.checkpoint.save_contents+=hf_model",
-        (f"{_AR}.rollout.calculate_log_probs", f"{_AR}.actor.checkpoint.save_contents"),
+        "actor.checkpoint.save_contents+=hf_model",
+        (f"{_AR}.actor.checkpoint.save_contents",),
         "the run's checks: the rollout's log-probs and each step's weights (verl_ext.cpu.logprob_check)",
     ),
     CpuChange(
@@ -424,7 +429,6 @@ VLLM_CPU_CHANGES: tuple[CpuChange, ...] = (
         ("reward.custom_reward_function.path", "reward.custom_reward_function.name"),
         "tiny model: a random model never writes \\boxed{}",
     ),
-    CpuChange("trainer.resume_mode=auto", ("trainer.resume_mode",), "the resumed part finds the checkpoint"),
     CpuChange(
         "MUPO: mupo.embedding.backend=hashing, mupo.min_size=2n/3",
         ("mupo.embedding.backend", "mupo.min_size"),
@@ -605,6 +609,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--launcher-env-out", default=None, help="--rollout vllm: write the launcher's variables here")
     parser.add_argument(
+        "--arch", default=DEFAULT_ARCH, choices=ARCHS, help="the tiny model's architecture (the 7B job's: qwen2_5_vl)"
+    )
+    parser.add_argument(
         "--use-remove-padding",
         action="store_true",
         help="verl's packed sequences (the GPU launchers' use_remove_padding=true) instead of padded batches",
@@ -617,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
         method_overrides(args.method, args.questions, args.rollout_n, without)
     except ValueError as err:
         parser.error(str(err))
-    paths = prepare(args.workdir)
+    paths = prepare(args.workdir, args.arch)
     run_dir = os.path.abspath(args.run_dir or os.path.join(args.workdir, "run"))
     if args.rollout == "vllm":
         # The run's settings, split between the GPU launcher's variables and the overrides it has no variable for.

@@ -1,7 +1,7 @@
 """The few patches of verl that CPU training needs, each named and applied only under ``VERL_PLATFORM=cpu``.
 
 Everything else the CPU path needs goes through verl's registries (platform, rollout) or its config
-(``attn_implementation=sdpa``, ``strategy=fsdp2``, ``VERL_ENGINE_DEVICE=cuda``). What is left are assumptions
+(``attn_implementation=sdpa``, ``VERL_ENGINE_DEVICE=cuda``). What is left are assumptions
 written into verl's code; each patch below says which one it lifts. :data:`PATCHES` lists them for the tests
 (docs/verl_integration.md, "Patches of verl", describes each); :func:`apply_cpu_patches` applies them once per
 process, from ``verl_ext.plugin`` (loaded on ``import verl``, before any verl worker module binds the patched

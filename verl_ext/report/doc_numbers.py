@@ -13,7 +13,8 @@ Blocks, a whole table between two comment lines::
 ``sweep-table FOLDER [configs=a,b]`` is the sweep's own table (:func:`verl_ext.cpu.sweep.table_markdown`);
 ``sweep-curves FOLDER configs=a,b seeds=0,1 [view=greedy]`` the validation at every validated step, one row per
 configuration and seed, each row's best in bold; ``sweep-seeds FOLDER [configs=a,b]`` each seed's best sampled
-accuracy and its difference from GRPO at that seed.
+accuracy and its difference from GRPO at that seed. ``cpu-ledger`` (docs/stack.md) is the table of
+:func:`verl_ext.cpu.ledger.ledger_markdown`, every config difference between a GPU launcher and its CPU run.
 
 Inline figures, one number in prose::
 
@@ -309,6 +310,10 @@ class Generator:
 
     def block(self, spec: str) -> str:
         kind, *args = spec.split()
+        if kind == "cpu-ledger":  # not a sweep: the config ledger of docs/stack.md (verl_ext/cpu/ledger.py)
+            from verl_ext.cpu.ledger import ledger_markdown
+
+            return ledger_markdown()
         if not args:
             raise DocNumbersError(f"block {spec!r}: expected '<kind> FOLDER [key=value ...]'")
         sweep = self.sweep(args[0])
