@@ -10,7 +10,10 @@
 #   DRY_RUN=1 bash run_scripts/qwen25vl7b_noise_contrastive_grpo.sh   # CPU preflight
 # Knobs: the noise_contrastive_grpo: block of recipe/diva_grpo/config/diva_grpo.yaml (NOISE_SCALE, NOISY_FRACTION,
 # NOISE_TARGET, NOISE_LAYER). NOISE_TARGET=final_hidden (the first-token reading) runs outside the compiled model:
-# ENFORCE_EAGER=false then gives vLLM its CUDA graphs back.
+# ENFORCE_EAGER=false then gives vLLM its CUDA graphs back. ROLLOUT_IS (sequence) and ROLLOUT_IS_THRESHOLD (2.0):
+# verl's rollout correction (algorithm.rollout_correction), which weighs each noisy response by how likely the clean
+# policy is to draw it, truncated (ROLLOUT_IS=token: per token; null: none, the noisy half trained as the clean
+# policy's own samples).
 set -euo pipefail
 export DIVA_LAUNCHER="${DIVA_LAUNCHER:-$0}"
 export ROLLOUT_N="${ROLLOUT_N:-8}"
@@ -22,6 +25,8 @@ exec bash "$(dirname "${BASH_SOURCE[0]}")/_toolkit.sh" noise_contrastive_grpo \
   noise_contrastive_grpo.noisy_fraction="${NOISY_FRACTION:-0.5}" \
   noise_contrastive_grpo.target="${NOISE_TARGET:-layer_input}" \
   noise_contrastive_grpo.layer="${NOISE_LAYER:--1}" \
+  algorithm.rollout_correction.rollout_is="${ROLLOUT_IS:-sequence}" \
+  algorithm.rollout_correction.rollout_is_threshold="${ROLLOUT_IS_THRESHOLD:-2.0}" \
   actor_rollout_ref.rollout.agent.default_agent_loop=noise_contrastive_agent \
   actor_rollout_ref.rollout.enable_prefix_caching=false \
   actor_rollout_ref.rollout.enforce_eager="${ENFORCE_EAGER:-true}" \

@@ -230,3 +230,39 @@ def test_hf_cpu_serves_a_noisy_requests_log_probs_from_the_displaced_model(tmp_p
     assert out.log_probs == pytest.approx(displaced, abs=2e-5)
     # What the rollout correction reads is the displaced policy's, not the clean one's: they differ.
     assert max(abs(a - b) for a, b in zip(out.log_probs, clean, strict=True)) > 1e-3
+
+
+def _launcher_config(script: str, **env):
+    import os
+    import subprocess
+    from pathlib import Path
+
+    from hydra import compose, initialize_config_dir
+
+    root = Path(__file__).resolve().parents[2]
+    run_env = {**os.environ, "DIVA_PRINT_ONLY": "1", **env}
+    out = subprocess.run(["bash", script], cwd=root, env=run_env, capture_output=True, text=True, check=True)
+    overrides = [line for line in out.stdout.splitlines() if line]
+    with initialize_config_dir(config_dir=str(root / "recipe" / "diva_grpo" / "config"), version_base=None):
+        return compose("diva_grpo", overrides=overrides)
+
+
+def test_the_methods_launchers_set_its_rollout_correction_and_only_its_own():
+    from verl_ext.cpu.launch import _nc_grpo_overrides
+    from verl_ext.methods.noise_contrastive_grpo import ROLLOUT_IS, ROLLOUT_IS_THRESHOLD
+
+    nc = _launcher_config("run_scripts/qwen25vl7b_noise_contrastive_grpo.sh")
+    assert nc.algorithm.rollout_correction.rollout_is == ROLLOUT_IS == "sequence"
+    assert nc.algorithm.rollout_correction.rollout_is_threshold == ROLLOUT_IS_THRESHOLD == 2.0
+    off = _launcher_config("run_scripts/qwen25vl7b_noise_contrastive_grpo.sh", ROLLOUT_IS="null")
+    assert off.algorithm.rollout_correction.rollout_is is None
+    token = _launcher_config("run_scripts/qwen25vl7b_noise_contrastive_grpo.sh", ROLLOUT_IS="token")
+    assert token.algorithm.rollout_correction.rollout_is == "token"
+    # The recipe's shared algorithm block leaves every other method uncorrected (GRPO's launcher among them).
+    grpo = _launcher_config("run_scripts/qwen25vl7b_grpo.sh")
+    assert grpo.algorithm.rollout_correction.rollout_is is None
+    # The CPU runs (compare_tiny.sh, the sweep) get the same from the CPU launcher's overrides.
+    cpu = _nc_grpo_overrides("noise_contrastive_grpo")
+    assert f"algorithm.rollout_correction.rollout_is={ROLLOUT_IS}" in cpu
+    assert f"algorithm.rollout_correction.rollout_is_threshold={ROLLOUT_IS_THRESHOLD}" in cpu
+    assert _nc_grpo_overrides("grpo") == []

@@ -3,9 +3,12 @@
 The method's change is in the rollout (:mod:`verl_ext.nc_grpo`): a seeded ``noisy_fraction`` of each prompt's
 responses branch from a displaced prompt (by default the residual stream entering the last decoder layer at every
 prompt position, in the prefill; ``target=final_hidden``: the final hidden state at the prompt's last position).
-The trainer sees plain GRPO over both halves pooled: the objective is untouched, the actor's ``old_log_probs`` are
-recomputed without noise (as verl does for every method) and no rollout correction is applied, so the noisy
-responses are trained on as the clean policy's own samples. It checks that each group holds exactly
+The trainer sees plain GRPO over both halves pooled: the objective is untouched and the actor's ``old_log_probs``
+are recomputed without noise (as verl does for every method). The noisy responses were sampled by the displaced
+policy: the method's launchers set verl's rollout correction (:data:`ROLLOUT_IS`), which weighs each response's loss
+by how likely the clean policy is to draw it (``rollout_correction_overrides``; with ``rollout_is=null`` the noisy
+half is trained on as the clean policy's own samples), and the method logs those weights over the displaced tokens
+and the others (``noise_contrastive_grpo/rollout_is_weight/*``). It checks that each group holds exactly
 ``noisy_fraction * n`` flagged responses (the flag comes with each trajectory's ``extra_fields``) and logs the noisy
 fraction, each half's accuracy and score, the collapse rate, the advantage statistics
 (``noise_contrastive_grpo/advantage/zero_fraction``), the branch metrics
@@ -50,6 +53,24 @@ from verl_ext.nc_grpo.noise import (
 )
 
 NAME = "noise_contrastive_grpo"
+
+# verl's rollout correction (``algorithm.rollout_correction``, verl/trainer/ppo/rollout_corr_helper.py) that the
+# method's launchers set (docs/algo/noise_contrastive_grpo.md, "Fidelity"; issue 44). The noisy half is sampled by
+# the displaced policy, whose log-probs the rollout returns (vLLM and hf_cpu alike), and trained by the clean one:
+# each response's loss is weighted by min(prod_t pi_old(y_t) / pi_rollout(y_t), 2), computed once per step from
+# the clean actor's old_log_probs; the clean half's weights are 1 up to weight-sync rounding. Not in the recipe's
+# algorithm block, which every method shares (it would reweigh the other methods' vLLM rounding too).
+ROLLOUT_IS = "sequence"
+ROLLOUT_IS_THRESHOLD = 2.0
+
+
+def rollout_correction_overrides(rollout_is: str | None = ROLLOUT_IS, threshold: float = ROLLOUT_IS_THRESHOLD):
+    """The Hydra overrides of the method's rollout correction (``rollout_is=None``: none)."""
+    level = "null" if rollout_is is None else rollout_is
+    return [
+        f"algorithm.rollout_correction.rollout_is={level}",
+        f"algorithm.rollout_correction.rollout_is_threshold={threshold}",
+    ]
 
 
 @dataclass
