@@ -375,3 +375,38 @@ def test_length_filter_measures_the_longest_variant(tmp_path):
     assert diva.question_ids == ["short"]
     assert len(diva) == 2  # the short question's original and variant
     assert "__diva_longest_prompt" not in diva.dataframe.column_names
+
+
+def test_length_filter_counts_the_image_tokens_of_the_tiny_qwen25_vl(tmp_path):
+    """verl #4999 on the main job's model class: a prompt over ``data.max_prompt_length`` only once its image tokens
+    are counted is dropped, with the tiny Qwen2.5-VL's own processor (84 x 84 at most: 9 image tokens), not let
+    through to fail later; a prompt that fits with its image tokens is kept (the recipe's ``truncation: error``
+    means verl never cuts a multimodal prompt, which breaks image features against image tokens, verl #3469, #856)."""
+    from omegaconf import OmegaConf
+    from transformers import AutoProcessor
+
+    from verl_ext.cpu.tiny_model import build_tiny_vlm
+
+    processor = AutoProcessor.from_pretrained(build_tiny_vlm(str(tmp_path / "tiny_qwen2_5_vl")))
+    assert type(processor).__name__ == "Qwen2_5_VLProcessor"
+    image = png_bytes(picture(84, 84))
+    rows = [make_row(qid, images=[image], paraphrases=["P?"], hint_steps=["H."], index=i) for i, qid in enumerate("ab")]
+    rows[0]["prompt"] = [{"role": "user", "content": "<image>" + "x" * 10}]
+    rows[1]["prompt"] = [{"role": "user", "content": "<image>" + "x" * 40}]  # 30 more text tokens than row a
+    train = write_parquet(tmp_path / "train.parquet", rows)
+    val = write_parquet(tmp_path / "val.parquet", [make_row("v0")])
+    config = data_config([train], [val], tmp_path / "cache", variants_per_question=0)
+    config.filter_overlong_prompts = True
+
+    def text_tokens(row) -> int:  # the chat-templated prompt without its image, as the tokenizer counts it
+        messages = [{"role": "user", "content": row["prompt"][0]["content"].replace("<image>", "")}]
+        text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return len(processor.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    text_only = {qid: text_tokens(row) for qid, row in zip("ab", rows, strict=True)}
+    # b's text fits, b's text and its 11 image tokens (start, 9 pads, end) do not; a fits with its image
+    config.max_prompt_length = text_only["b"] + 5
+    assert text_only["a"] + 11 <= config.max_prompt_length
+    ds = DivaDataset(train, processor.tokenizer, config, processor=processor, split="train")
+    assert ds.question_ids == ["a"]
+    assert OmegaConf.load("recipe/diva_grpo/config/diva_grpo.yaml").data.truncation == "error"

@@ -197,3 +197,21 @@ def test_warm_up_in_inference_mode_runs_vllms_cpu_warm_up_without_autograd(monke
     runner.warming_up_model()
     assert seen == [False, True]
     assert not torch.is_inference_mode_enabled()
+
+
+def test_vllm_keeps_cascade_attention_off_as_verls_faq_asks(vllm_required):
+    """verl #2996 (rollout and actor log-probs of Qwen-VL disagree): verl's FAQ sets
+    ``rollout.engine_kwargs.vllm.disable_cascade_attn=True``. vLLM 0.24 defaults to it, and no launcher turns it on;
+    the run above checks the rollout's log-probs against the actor's exactly, on the tiny Qwen2.5-VL."""
+    import dataclasses
+
+    from vllm.config import ModelConfig
+
+    from verl_ext.cpu.ledger import METHODS, gpu_job_leaves
+
+    assert {f.name: f for f in dataclasses.fields(ModelConfig)}["disable_cascade_attn"].default is True
+    for method in METHODS:
+        assert gpu_job_leaves(method).get("actor_rollout_ref.rollout.engine_kwargs.vllm.disable_cascade_attn") in (
+            None,
+            True,
+        )
