@@ -120,7 +120,8 @@ class Sweep:
     def configs(self) -> list[str]:
         from verl_ext.cpu.sweep import CONFIGS
 
-        return [c for c in CONFIGS if (self.folder / c).is_dir()]
+        # Configurations with a finished run (a sweep in progress leaves folders without done.json).
+        return [c for c in CONFIGS if any((self.folder / c).glob("seed*/done.json"))]
 
     @cached_property
     def seeds(self) -> list[int]:
