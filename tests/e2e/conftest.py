@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
-from tiny_launch import DIVA_NODES, DIVA_RESUME_STEPS, DIVA_STEPS, ROOT, job_log, launch_tiny_cpu
+from tiny_launch import DIVA_NODES, DIVA_RESUME_STEPS, DIVA_STEPS, ROOT, job_log, launch_diva_world1, launch_tiny_cpu
 
 
 def require_torchvision() -> None:
@@ -68,13 +68,5 @@ def tiny_diva_world1(tiny_diva_run):
     """The shared run's settings and seed on one node, one rank, one replica: the world-size-1 reference of the
     two-node run (``test_cluster_on_cpu.py``) and the uninterrupted run the one-node crash run is compared with."""
     run_dir = tiny_diva_run["workdir"] / "world1"
-    output, summary = launch_tiny_cpu(
-        tiny_diva_run["workdir"],
-        run_dir,
-        900,
-        METHOD="diva",
-        NODES="1",
-        STEPS=str(DIVA_STEPS),
-        RESUME_STEPS=str(DIVA_RESUME_STEPS),
-    )
+    output, summary = launch_diva_world1(tiny_diva_run["workdir"], run_dir)
     return {"dir": run_dir, "workdir": tiny_diva_run["workdir"], "output": output, "summary": summary}

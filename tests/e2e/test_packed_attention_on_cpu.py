@@ -226,21 +226,12 @@ def test_a_packed_training_run_logs_the_padded_runs_values(tiny_diva_world1):
     verl's packed sequences. Tokens, rewards, advantages and difficulties exactly, the actor's values (loss, gradient
     norm, log-probs) to float tolerance (:mod:`verl_ext.cluster.world_size`, the comparison of two world sizes: packing
     changes the order of float sums as a world size does), validation and the resumed step included."""
-    from tiny_launch import DIVA_ALL_STEPS, DIVA_RESUME_STEPS, DIVA_STEPS, job_log, launch_tiny_cpu
+    from tiny_launch import DIVA_ALL_STEPS, job_log, launch_diva_world1
 
     from verl_ext.cluster.world_size import compare_runs
 
     run_dir = tiny_diva_world1["workdir"] / "packed"
-    launch_tiny_cpu(
-        tiny_diva_world1["workdir"],
-        run_dir,
-        900,
-        METHOD="diva",
-        NODES="1",
-        STEPS=str(DIVA_STEPS),
-        RESUME_STEPS=str(DIVA_RESUME_STEPS),
-        USE_REMOVE_PADDING="1",
-    )
+    launch_diva_world1(tiny_diva_world1["workdir"], run_dir, USE_REMOVE_PADDING="1")
     assert "actor_rollout_ref.model.use_remove_padding=true" in (run_dir / "overrides.txt").read_text()
     # verl's packed path: its patched attention (Qwen2_5_VLForConditionalGeneration, the default tiny model)
     assert re.search(r"Monkey patch Qwen2(_5)?_?VLForConditionalGeneration attention layer", job_log(run_dir))

@@ -142,19 +142,18 @@ def test_cpu_vllm_run_is_the_gpu_launchers_run_with_the_listed_changes(tmp_path,
     launcher's own)."""
     keys = [_hydra_key(a) for a in cpu_run_overrides(method)]
     assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
-    assert ledger_problems({method: differences[method]}, changes=_entries_differing_for(method)) == []
+    assert ledger_problems({method: differences[method]}, changes=_entries_differing_in(differences[method])) == []
     cpu = compose_leaves(cpu_run_overrides(method))
     assert cpu["actor_rollout_ref.rollout.name"] == gpu_job_leaves(method)["actor_rollout_ref.rollout.name"] == "vllm"
     assert cpu["algorithm.adv_estimator"] == gpu_job_leaves(method)["algorithm.adv_estimator"]
     assert cpu["actor_rollout_ref.actor.strategy"] == gpu_job_leaves(method)["actor_rollout_ref.actor.strategy"]
 
 
-def _entries_differing_for(method: str):
-    """The ledger's entries, each narrowed to its keys that differ for ``method`` (the stale check is over all)."""
+def _entries_differing_in(diff: dict):
+    """The ledger's entries narrowed to their keys in ``diff``, one method's differences (the stale check: all)."""
     from verl_ext.cpu.launch import CpuChange
     from verl_ext.cpu.ledger import _listed
 
-    diff = config_differences(method)
     narrowed = []
     for change in VLLM_CPU_CHANGES:
         keys = tuple(k for k in change.keys if any(_listed(d, [k]) for d in diff))

@@ -182,3 +182,18 @@ def sockets_off_loopback(sockets: set) -> list[tuple]:
 
 # pid -> MASTER_PORT of the worker processes seen by run_tiny_cpu (a process's environment is gone once it exits).
 _MASTER_PORTS: dict[int, int] = {}
+
+
+def launch_diva_world1(workdir: Path, run_dir: Path, timeout: int = 900, **settings: str) -> tuple[str, dict]:
+    """The shared DIVA run's settings and seed on one node, one rank, one replica (``settings``: more, e.g.
+    ``USE_REMOVE_PADDING="1"``): the world-size-1 reference and the runs compared with it."""
+    return launch_tiny_cpu(
+        workdir,
+        run_dir,
+        timeout,
+        METHOD="diva",
+        NODES="1",
+        STEPS=str(DIVA_STEPS),
+        RESUME_STEPS=str(DIVA_RESUME_STEPS),
+        **settings,
+    )
