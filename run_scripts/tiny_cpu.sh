@@ -20,6 +20,8 @@
 #   ROLLOUT=vllm GPUS_PER_NODE=2 TP=2 bash run_scripts/tiny_cpu.sh   # one vLLM replica, tensor parallel 2
 #   USE_REMOVE_PADDING=1 bash run_scripts/tiny_cpu.sh   # verl's packed sequences, as the GPU launchers run them
 #                                                    # (a CPU stand-in for flash-attn: verl_ext/cpu/varlen_attention.py)
+#   PRECISION=bf16 bash run_scripts/tiny_cpu.sh     # the GPU job's mixed precision for the actor (bf16 compute,
+#                                                    # fp32 gradient reduction and master weights; rollout fp32)
 #   WITHOUT="global_stream rrb" bash run_scripts/tiny_cpu.sh   # DIVA-GRPO with additions removed (verl_ext/cpu/
 #                                                    # ablations.py; WITHOUT=all: verl's GRPO in the DIVA trainer)
 # ROLLOUT=vllm needs the GPU stack's environment first on PATH: bash run_scripts/setup_vllm_cpu.sh DIR, then
@@ -60,6 +62,7 @@ mkdir -p "$RUN_DIR"
 python -m verl_ext.cpu.launch --workdir "$WORKDIR" --run-dir "$RUN_DIR" --method "$METHOD" --steps "$STEPS" \
   --save-freq "$SAVE_FREQ" --without "${WITHOUT:-}" --rollout "$ROLLOUT" --nodes "$NODES" --gpus-per-node "$GPUS_PER_NODE" --tp "$TP" \
   --launcher-env-out "$RUN_DIR/launcher_env.txt" --arch "${TINY_ARCH:-qwen2_5_vl}" ${USE_REMOVE_PADDING:+--use-remove-padding} \
+  --precision "${PRECISION:-fp32}" \
   --runtime-env-out "$RUN_DIR/runtime_env.yaml" >"$RUN_DIR/overrides.txt"
 mapfile -t ARGS <"$RUN_DIR/overrides.txt"
 ARGS+=("+cpu_run.resume_steps=$RESUME_STEPS")

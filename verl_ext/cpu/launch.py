@@ -104,17 +104,25 @@ def vllm_worker_extension(method: str) -> str:
 
 
 # verl's defaults that need an accelerator or more memory, changed by both CPU routes: flash-attention and its
-# padding-free packing, FSDP1, bf16 autocast, torch.compile; loader workers, verl's 8 reward workers and storage
-# units (~10 GB) sized for the tiny run. Micro-batches and agent-loop workers follow the cluster's shape
+# padding-free packing, bf16 autocast, torch.compile; loader workers, verl's 8 reward workers and storage units
+# (~10 GB) sized for the tiny run. Micro-batches and agent-loop workers follow the cluster's shape
 # (:func:`cluster_overrides`).
 _FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
 PADDED = "actor_rollout_ref.model.use_remove_padding=false"
+FP32_ACTOR = (
+    f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={_FP32}",
+    f"+actor_rollout_ref.ref.fsdp_config.mixed_precision={_FP32}",
+)
+# The actor's and reference's compute precision (``PRECISION``). fp32 by default: the actor's log-probs then equal
+# the fp32 rollout's to float rounding, which the runs' exact checks rely on. bf16 is the GPU job's: verl's FSDP
+# default (no mixed_precision key), bf16 parameters in forward and backward (CPU autocast), fp32 gradient reduction,
+# fp32 buffers and fp32 master weights. The rollout stays fp32 either way (the log-prob check recomputes it in fp32).
+PRECISIONS = ("fp32", "bf16")
 ACCELERATOR_FREE_OVERRIDES = (
     "trainer.device=cpu",
     "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
     PADDED,
-    f"+actor_rollout_ref.actor.fsdp_config.mixed_precision={_FP32}",
-    f"+actor_rollout_ref.ref.fsdp_config.mixed_precision={_FP32}",
+    *FP32_ACTOR,
     "actor_rollout_ref.actor.fsdp_config.use_torch_compile=false",
     "actor_rollout_ref.ref.fsdp_config.use_torch_compile=false",
     "actor_rollout_ref.actor.use_torch_compile=false",
@@ -124,12 +132,16 @@ ACCELERATOR_FREE_OVERRIDES = (
 )
 
 
-def accelerator_free_overrides(packed: bool = False) -> list[str]:
+def accelerator_free_overrides(packed: bool = False, precision: str = "fp32") -> list[str]:
     """:data:`ACCELERATOR_FREE_OVERRIDES`; ``packed``: with verl's packed sequences instead (``use_remove_padding``,
     the GPU launchers' setting), through verl's patched attention and the CPU stand-in for flash-attn
-    (:mod:`verl_ext.cpu.varlen_attention`)."""
+    (:mod:`verl_ext.cpu.varlen_attention`); ``precision``: one of :data:`PRECISIONS` (``bf16``: verl's own mixed
+    precision, the GPU job's)."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"PRECISION={precision!r}: expected one of {PRECISIONS} (bf16: the GPU job's mixed precision)")
     packing = "actor_rollout_ref.model.use_remove_padding=true"
-    return [packing if packed and line == PADDED else line for line in ACCELERATOR_FREE_OVERRIDES]
+    lines = [line for line in ACCELERATOR_FREE_OVERRIDES if precision == "fp32" or line not in FP32_ACTOR]
+    return [packing if packed and line == PADDED else line for line in lines]
 
 
 # The tiny run's responses per step, every method (DIVA: questions x 2 prompts x n; the others: questions x 2n).
@@ -249,6 +261,7 @@ def cpu_overrides(
     shape: ClusterShape = ClusterShape(),
     without: tuple[str, ...] = (),
     packed: bool = False,
+    precision: str = "fp32",
 ) -> list[str]:
     """Hydra overrides of a tiny CPU run (see the module docstring).
 
@@ -258,7 +271,8 @@ def cpu_overrides(
     answers for the same weights, so curves move only when the policy does). ``seed`` seeds the data order, the
     variant draws and the rollout sampling. ``shape``: the cluster's nodes and GPUs per node
     (:func:`cluster_overrides`). ``without``: DIVA-GRPO's additions removed (:mod:`verl_ext.cpu.ablations`).
-    ``packed``: verl's packed sequences (:func:`accelerator_free_overrides`).
+    ``packed``, ``precision``: verl's packed sequences, the actor's mixed precision
+    (:func:`accelerator_free_overrides`).
 
     ``ray_init``: the entry point starts Ray itself (a test); then it gets one logical GPU, 16 logical CPUs
     (TransferQueue's storage actors) and :data:`verl_ext.cpu.CPU_ENV` for every process. Under ``ray job submit``
@@ -271,9 +285,10 @@ def cpu_overrides(
         f"data.max_response_length={response_length}",
         f"diva.variants.max_pixels={MAX_PIXELS}",
         f"actor_rollout_ref.model.path={paths['model']}",
-        *accelerator_free_overrides(packed),
+        *accelerator_free_overrides(packed, precision),
         *cluster_overrides(shape, questions * 2 * rollout_n),
-        "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        # Gradient checkpointing stays on, as on the GPU (the recipe's setting): its recomputed forward gives the
+        # same gradients bit for bit (tests/cpu/test_gradient_checkpointing_on_cpu.py), so recorded runs repeat.
         f"actor_rollout_ref.actor.optim.lr={lr}",
         f"actor_rollout_ref.rollout.name={ROLLOUT_NAME}",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
@@ -374,7 +389,9 @@ VLLM_CPU_CHANGES: tuple[CpuChange, ...] = (
     CpuChange(
         "fsdp_config.mixed_precision fp32, rollout.dtype=float32",
         (f"{_AR}.actor.fsdp_config.mixed_precision", f"{_AR}.ref.fsdp_config.mixed_precision", f"{_AR}.rollout.dtype"),
-        "device: no bf16 autocast on the CPU; the rollout computes in the actor's fp32",
+        "the run's checks: fp32 keeps the actor's and the rollout's log-probs equal to float rounding; PRECISION=bf16 "
+        "runs verl's default, the GPU job's (bf16 compute, fp32 reduce; a PGPO run at world size 2 in CI), with the "
+        "rollout still fp32",
     ),
     CpuChange(
         "use_torch_compile=false, rollout.enforce_eager=true",
@@ -526,6 +543,7 @@ def vllm_cpu_overrides(
     shape: ClusterShape = ClusterShape(),
     without: tuple[str, ...] = (),
     packed: bool = False,
+    precision: str = "fp32",
 ) -> list[str]:
     """Hydra overrides the GPU launcher has no variable for (see :data:`VLLM_CPU_CHANGES`), after its own;
     ``without``: those that remove DIVA-GRPO's additions (:func:`verl_ext.cpu.ablations.launcher_ablation`)."""
@@ -534,7 +552,7 @@ def vllm_cpu_overrides(
     return [
         *launcher_ablation(without, rollout_n)[1],
         *_mupo_overrides(method, rollout_n),
-        *accelerator_free_overrides(packed),
+        *accelerator_free_overrides(packed, precision),
         *worker_overrides(shape, questions * 2 * rollout_n),  # nodes and GPUs: the launcher's NNODES, ...
         f"trainer.total_training_steps={steps}",
         "trainer.resume_mode=auto",
@@ -616,6 +634,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="verl's packed sequences (the GPU launchers' use_remove_padding=true) instead of padded batches",
     )
+    parser.add_argument(
+        "--precision",
+        default="fp32",
+        choices=PRECISIONS,
+        help="the actor's compute precision: fp32 (default, exact checks) or bf16 (the GPU job's mixed precision)",
+    )
     args = parser.parse_args(argv)
     shape = ClusterShape(args.nodes, args.gpus_per_node, args.tp)
     without = tuple(args.without.split())
@@ -641,7 +665,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.launcher_env_out:
             with open(args.launcher_env_out, "w") as f:
                 f.write("".join(f"{k}={v}\n" for k, v in env.items()))
-        lines = vllm_cpu_overrides(**run, packed=args.use_remove_padding)
+        lines = vllm_cpu_overrides(**run, packed=args.use_remove_padding, precision=args.precision)
     else:
         lines = None
     lines = lines or cpu_overrides(
@@ -657,6 +681,7 @@ def main(argv: list[str] | None = None) -> int:
         shape=shape,
         without=without,
         packed=args.use_remove_padding,
+        precision=args.precision,
     )
     if args.runtime_env_out:
         import yaml
