@@ -47,6 +47,9 @@ from verl_ext.rollout.seeds import prompt_uid
 from verl_ext.transfer_queue_fields import non_tensor_list
 
 logger = logging.getLogger(__name__)
+
+# The log-prob fields a method may declare (verl_ext.methods.base.TENSOR_NEEDS), cast to float32 for its math.
+LOG_PROB_FIELDS = frozenset({"old_log_probs", "blind_log_probs", "rollout_log_probs"})
 logger.setLevel(os.getenv("VERL_LOGGING_LEVEL", "INFO"))
 
 TRAINER_NAME = "toolkit"
@@ -294,6 +297,12 @@ class ToolkitTrainer(PPOTrainerSync):
         them (``algorithm.rollout_correction.rollout_is``): the weights the actor's loss multiplies in, for the
         method's metrics."""
         tensors = {name: self._response_field(data, name)[idx] for name in sorted(needs & TENSOR_NEEDS)}
+        for name in LOG_PROB_FIELDS & tensors.keys():
+            # The methods' math takes float32 log-probs. verl's actor returns the logits' dtype when it computes
+            # them with torch (logprobs_from_logits without flash-attn's cross entropy: the CPU, or a GPU run with
+            # VERL_DISABLE_FLASH_ATTN_CE=1), bf16 under its default mixed precision; flash-attn's kernel returns
+            # float32. The loss keeps verl's tensors; only the advantage's copy is cast.
+            tensors[name] = tensors[name].float()
         if "rollout_is_weights" in data.batch.keys():
             tensors["rollout_is_weights"] = data.batch["rollout_is_weights"][idx]
         return tensors

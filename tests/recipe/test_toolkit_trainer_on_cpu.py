@@ -196,3 +196,21 @@ def test_plain_dispatcher_refusal_names_the_toolkit_trainer():
             index=np.array(["a", "a"], dtype=object),
             config=None,
         )
+
+
+def test_bf16_log_probs_reach_the_method_as_float32():
+    """verl's actor computes log-probs with torch where flash-attn's cross entropy is absent (the CPU) or disabled
+    (``VERL_DISABLE_FLASH_ATTN_CE=1``): in the logits' dtype, bf16 under verl's default mixed precision. The methods'
+    math takes float32 (PGPO's refuses anything else): the shared step hands them float32 copies."""
+    from verl import DataProto
+
+    old = torch.randn(4, 3).to(torch.bfloat16)
+    data = DataProto.from_dict(
+        tensors={"old_log_probs": old, "blind_log_probs": old - 1, "responses": torch.arange(12).view(4, 3)}
+    )
+    needs = frozenset({"old_log_probs", "blind_log_probs", "responses"})
+    tensors = ToolkitTrainer._method_tensors(ToolkitTrainer, data, needs, torch.tensor([2, 0]))
+    assert tensors["old_log_probs"].dtype == tensors["blind_log_probs"].dtype == torch.float32
+    assert torch.equal(tensors["old_log_probs"], old[[2, 0]].float())
+    assert tensors["responses"].dtype == torch.int64
+    assert data.batch["old_log_probs"].dtype == torch.bfloat16  # verl's own tensors are left as they are
