@@ -16,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # on a cluster of NODES Ray nodes (one training rank and one rollout replica each).
 DIVA_STEPS, DIVA_RESUME_STEPS, DIVA_NODES = 3, 1, 2
 DIVA_ALL_STEPS = list(range(1, DIVA_STEPS + DIVA_RESUME_STEPS + 1))
+# The shared vLLM DIVA run (tests/e2e/conftest.py, tiny_vllm_run): the same on verl's vLLM rollout.
+VLLM_STEPS, VLLM_RESUME_STEPS, VLLM_NODES = 2, 1, 2
 # Settings of the calling process that would point the launch at another cluster, platform or folder, or change
 # what its console shows.
 CLEARED = (
@@ -31,6 +33,11 @@ CLEARED = (
     "WITHOUT",
     "VERBOSE",
     "DIVA_JOB_LOG",
+    "PRECISION",
+    "USE_REMOVE_PADDING",
+    "TINY_ARCH",
+    "NODE_RETURN_S",
+    "LOCAL_NODE_RESTART",
 )
 
 

@@ -22,7 +22,8 @@ PROBE_ENV = "DIVA_CPU_PROBE_DIR"
 
 # Fields the actor reads, and what the checks need besides; missing ones (e.g. extra_info with verl's plain
 # dataset, rollout_log_probs without calculate_log_probs) are left out.
-TENSOR_FIELDS = ("advantages", "response_mask", "rm_scores", "old_log_probs", "rollout_log_probs")
+# blind_log_probs: PGPO's blind pass (verl_ext.pgpo).
+TENSOR_FIELDS = ("advantages", "response_mask", "rm_scores", "old_log_probs", "rollout_log_probs", "blind_log_probs")
 # One unpadded tensor per sample: the whole sequence and the response, for the exact log-prob check of the vLLM
 # rollout (verl_ext.cpu.logprob_check), which runs the sequences through the step's weights again.
 SEQUENCE_FIELDS = ("input_ids", "responses")
