@@ -84,13 +84,17 @@ def compose(overrides: list[str]):
         return hydra_compose("diva_grpo", overrides=overrides)
 
 
-def run_method(method: str, paths: dict, workdir: str, steps: int, rollout: str = "hf_cpu") -> dict:
+def run_method(
+    method: str, paths: dict, workdir: str, steps: int, rollout: str = "hf_cpu", experiment_tag: str = ""
+) -> dict:
+    """Train ``method`` for ``steps`` steps in this process; its step timings and peak memory. ``experiment_tag``
+    tells apart runs of one method and rollout that share a metrics folder (``bench_tiny_arch.py``)."""
     from recipe.diva_grpo.main_diva import train
     from verl_ext.cpu.launch import cpu_overrides, vllm_engine_overrides
     from verl_ext.cpu.session import release_finished_run
 
     run_dir = os.path.join(workdir, f"{rollout}_{method}")
-    experiment = f"bench_{rollout}_{method}"
+    experiment = f"bench_{rollout}_{method}{'_' + experiment_tag if experiment_tag else ''}"
     overrides = cpu_overrides(
         paths,
         os.path.join(run_dir, "checkpoints"),
