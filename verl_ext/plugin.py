@@ -61,6 +61,13 @@ from verl_ext import no_pixels_patch  # noqa: E402
 
 no_pixels_patch.apply()
 
+# A verl assumption lifted on every device (verl_ext/checkpoint/patch.py): "a checkpoint is loaded at the world size
+# that saved it". verl's FSDP engine builds the reshardable checkpoint manager, whose copy of the actor's state loads
+# at any world size (a job resumed on the nodes it has left: verl_ext/cluster/resize.py).
+from verl_ext.checkpoint import patch as checkpoint_patch  # noqa: E402
+
+checkpoint_patch.apply()
+
 # The toolkit's other methods (verl_ext/methods/<name>.py), registered with verl here by name, without importing
 # their modules: verl loads this plugin while it is itself being imported, which may happen midway through the
 # import of one of our modules (verl_ext.config subclasses verl's BaseConfig); importing the methods from here then
