@@ -26,6 +26,17 @@ if ! [[ "$MAX_RESTARTS" =~ ^[0-9]+$ ]]; then
   echo "error: MAX_RESTARTS=$MAX_RESTARTS: expected how many times to resubmit a failed job (0, the default: never)" >&2
   exit 2
 fi
+# NODE_RETURN_S: before a resubmission, how long to wait for the nodes the job was sized for (trainer.nnodes) to be
+# alive again; those that are not by then are gone for good, and the job goes on with the nodes it has
+# (verl_ext/cluster/resize.py: trainer.nnodes lowered, the batch checked for the new world size, the checkpoint
+# resharded on load). LOCAL_NODE_RESTART=0 (the local CPU cluster): a dead node is not started again, as when a
+# cluster's node does not come back.
+NODE_RETURN_S="${NODE_RETURN_S:-300}"
+LOCAL_NODE_RESTART="${LOCAL_NODE_RESTART:-1}"
+if ! [[ "$NODE_RETURN_S" =~ ^[0-9]+$ ]]; then
+  echo "error: NODE_RETURN_S=$NODE_RETURN_S: expected seconds to wait for lost nodes before going on without them" >&2
+  exit 2
+fi
 
 if [ "${DRY_RUN:-0}" != "1" ] && [ "${CPU_E2E:-0}" != "1" ] && [ -z "${RAY_ADDRESS:-}" ]; then
   GPU_LIST="$(nvidia-smi -L 2>/dev/null || true)"
@@ -173,6 +184,11 @@ ensure_local_nodes() {
     [ -n "${NODE_PIDS[i]:-}" ] || continue
     if ! kill -0 "${NODE_PIDS[i]}" 2>/dev/null; then
       wait "${NODE_PIDS[i]}" 2>/dev/null || true
+      if [ "$LOCAL_NODE_RESTART" = 0 ]; then
+        echo "[diva] node-$i of the local cluster died (pid ${NODE_PIDS[i]}); not starting it again (LOCAL_NODE_RESTART=0)"
+        NODE_PIDS[i]=""
+        continue
+      fi
       echo "[diva] node-$i of the local cluster died (pid ${NODE_PIDS[i]}); starting it again before the resubmission"
       start_local_node "$i"
       restarted=1
@@ -181,10 +197,27 @@ ensure_local_nodes() {
   if [ "$restarted" = 1 ]; then wait_for_local_nodes; fi
 }
 
+# After a failed attempt: the nodes the job has, waited for up to NODE_RETURN_S; fewer than it was sized for give the
+# overrides that plan it on the survivors (kept for every later attempt), or a refusal naming the setting.
+RESIZE_ARGS=()
+plan_on_alive_nodes() {
+  local planned
+  planned="$(python -m verl_ext.cluster.resize --address "$RAY_ADDRESS" --wait "$NODE_RETURN_S" -- \
+    "$@" "${RESIZE_ARGS[@]}")" || {
+    echo "error: not resubmitting: the job cannot go on with the nodes it has (above)" >&2
+    exit 2
+  }
+  if [ -n "$planned" ]; then mapfile -t -O "${#RESIZE_ARGS[@]}" RESIZE_ARGS <<<"$planned"; fi
+}
+
 JOB_ARGS=("$@")
 attempt=1
 while :; do
-  if [ "$attempt" -gt 1 ]; then ensure_local_nodes; fi
+  if [ "$attempt" -gt 1 ]; then
+    ensure_local_nodes
+    plan_on_alive_nodes "$@"
+    JOB_ARGS=("$@" "trainer.resume_mode=auto" "${RESIZE_ARGS[@]}")
+  fi
   echo "[diva] submitting (attempt $attempt of at most $((MAX_RESTARTS + 1))) to $RAY_ADDRESS: python -m recipe.diva_grpo.main_diva ${JOB_ARGS[*]}"
   status=0
   python -m recipe.diva_grpo.submit --address "$RAY_ADDRESS" \
@@ -199,6 +232,5 @@ while :; do
     exit "$status"
   fi
   echo "[diva] attempt $attempt failed at $(date -u +%FT%TZ) (exit $status); resubmitting with trainer.resume_mode=auto (restart $attempt of $MAX_RESTARTS)"
-  JOB_ARGS=("$@" "trainer.resume_mode=auto")
   attempt=$((attempt + 1))
 done

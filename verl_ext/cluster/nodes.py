@@ -33,9 +33,12 @@ def alive_nodes(address: str) -> list[dict]:
     ]
 
 
-def wait_for_nodes(address: str, count: int, timeout_s: float, exact: bool = False) -> list[dict]:
+def wait_for_nodes(
+    address: str, count: int, timeout_s: float, exact: bool = False, with_gpus: bool = False
+) -> list[dict]:
     """Poll until ``count`` nodes are alive (``exact``: exactly ``count``, e.g. a node started again while Ray still
-    counts its dead predecessor as alive for a few seconds); ``TimeoutError`` naming the ones seen otherwise."""
+    counts its dead predecessor as alive for a few seconds; ``with_gpus``: count only nodes with GPUs, those a job's
+    ``trainer.nnodes`` counts); ``TimeoutError`` naming the ones seen otherwise."""
     deadline = time.monotonic() + timeout_s
     seen: list[dict] = []
     error: Exception | None = None
@@ -45,7 +48,7 @@ def wait_for_nodes(address: str, count: int, timeout_s: float, exact: bool = Fal
 
     while True:
         try:
-            seen, error = alive_nodes(address), None
+            seen, error = [n for n in alive_nodes(address) if n["gpus"] > 0 or not with_gpus], None
         except Exception as err:  # the dashboard answers a few seconds after the head starts
             seen, error = [], err
         if done() or time.monotonic() > deadline:
