@@ -17,7 +17,18 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
-from tiny_launch import DIVA_NODES, DIVA_RESUME_STEPS, DIVA_STEPS, ROOT, job_log, launch_diva_world1, launch_tiny_cpu
+from tiny_launch import (
+    DIVA_NODES,
+    DIVA_RESUME_STEPS,
+    DIVA_STEPS,
+    ROOT,
+    VLLM_NODES,
+    VLLM_RESUME_STEPS,
+    VLLM_STEPS,
+    job_log,
+    launch_diva_world1,
+    launch_tiny_cpu,
+)
 
 
 def require_torchvision() -> None:
@@ -70,3 +81,34 @@ def tiny_diva_world1(tiny_diva_run):
     run_dir = tiny_diva_run["workdir"] / "world1"
     output, summary = launch_diva_world1(tiny_diva_run["workdir"], run_dir)
     return {"dir": run_dir, "workdir": tiny_diva_run["workdir"], "output": output, "summary": summary}
+
+
+@pytest.fixture(scope="session")
+def tiny_vllm_run(tmp_path_factory, vllm_required):
+    """DIVA through the GPU launcher and verl's vLLM rollout on two nodes (``ROLLOUT=vllm NODES=2``): two steps, a
+    checkpoint each step, a resumed third. Its checks are ``test_tiny_cpu_vllm_on_cpu.py``'s; the reshard test resumes
+    its step-2 checkpoint at world size 1 (``test_reshard_resume_on_cpu.py``)."""
+    workdir = tmp_path_factory.mktemp("tiny_vllm")
+    run_dir = workdir / "run"
+    shm_before = set(glob.glob("/dev/shm/psm_*"))
+    sockets: set = set()
+    output, summary = launch_tiny_cpu(
+        workdir,
+        run_dir,
+        1100,
+        sockets,
+        METHOD="diva",
+        ROLLOUT="vllm",
+        NODES=str(VLLM_NODES),
+        STEPS=str(VLLM_STEPS),
+        RESUME_STEPS=str(VLLM_RESUME_STEPS),
+    )
+    return {
+        "dir": run_dir,
+        "workdir": workdir,
+        "output": output,
+        "log": job_log(run_dir),
+        "summary": summary,
+        "shm_left": set(glob.glob("/dev/shm/psm_*")) - shm_before,
+        "sockets": sockets,
+    }

@@ -7,6 +7,9 @@ whose values are compared with the uninterrupted run's.
 Here ``rollout_request_always@1``: one request of step 2 fails on every attempt. The step fails within a bounded
 time, and the error names the prompt (its run uid and question id), the replica and the error; no advantage or
 difficulty update is computed for that step.
+
+The run trains the tiny Qwen2-VL (``TINY_ARCH=qwen2_vl``): the older architecture, which the swatch task's warm start
+and the recorded sweeps use, keeps this run in CI (the other CPU runs train the 7B job's Qwen2.5-VL).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ def launch(workdir, name: str, fault: str) -> dict:
         run_dir,
         900,
         METHOD="diva",
+        TINY_ARCH="qwen2_vl",
         NODES="1",
         STEPS=str(FAULT_RUN_STEPS),
         RESUME_STEPS="0",
@@ -71,6 +75,7 @@ def test_a_request_that_always_fails_fails_the_step_naming_it_in_bounded_time(al
         out,
     )
     assert found, out[-8000:]
+    assert "actor_rollout_ref.model.path=" + str(always_fails["dir"].parent / "tiny_qwen2_vl") in out
     # Step 1 was trained and logged; step 2 never reached its advantage, its difficulty update or its log line.
     steps = load_run(always_fails["dir"]).log.steps
     assert 1 in steps and 2 not in steps

@@ -19,42 +19,20 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_launch import job_log, launch_tiny_cpu, sockets_off_loopback
+from tiny_launch import VLLM_NODES, VLLM_RESUME_STEPS, VLLM_STEPS, sockets_off_loopback
 
 from verl_ext.cluster.placement import parse_placement
 from verl_ext.cpu.tiny_model import DEFAULT_ARCH, tiny_model_dir_name
 
-STEPS, RESUME_STEPS, NODES = 2, 1, 2
+STEPS, RESUME_STEPS, NODES = VLLM_STEPS, VLLM_RESUME_STEPS, VLLM_NODES
 
 pytestmark = [pytest.mark.gpu_stack, pytest.mark.timeout(1200)]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, vllm_required):
-    workdir = tmp_path_factory.mktemp("tiny_vllm")
-    run_dir = workdir / "run"
-    shm_before = set(glob.glob("/dev/shm/psm_*"))
-    sockets: set = set()
-    output, summary = launch_tiny_cpu(
-        workdir,
-        run_dir,
-        1100,
-        sockets,
-        METHOD="diva",
-        ROLLOUT="vllm",
-        NODES=str(NODES),
-        STEPS=str(STEPS),
-        RESUME_STEPS=str(RESUME_STEPS),
-    )
-    return {
-        "dir": run_dir,
-        "workdir": workdir,
-        "output": output,
-        "log": job_log(run_dir),
-        "summary": summary,
-        "shm_left": set(glob.glob("/dev/shm/psm_*")) - shm_before,
-        "sockets": sockets,
-    }
+def run(tiny_vllm_run):
+    """The launch of ``tests/e2e/conftest.py`` (the reshard test resumes its checkpoint at world size 1)."""
+    return tiny_vllm_run
 
 
 def test_vllms_servers_and_the_head_listen_on_loopback_only(run):
