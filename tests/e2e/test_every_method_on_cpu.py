@@ -27,7 +27,6 @@ them) are marked ``extended`` for CI time.
 
 from __future__ import annotations
 
-import glob
 import json
 import math
 from pathlib import Path
@@ -35,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tiny_launch import run_tiny_cpu
+from tiny_launch import run_tiny_cpu, training_metrics
 
 from verl_ext.cpu.probe import read_actor_inputs
 from verl_ext.cpu.tiny_model import DEFAULT_ARCH, tiny_model_dir_name
@@ -74,16 +73,6 @@ def _run_id(run) -> str:
 pytestmark = [pytest.mark.gpu_stack, pytest.mark.timeout(900)]
 
 
-def _metrics(run_dir: Path) -> dict[int, dict]:
-    out = {}
-    for path in glob.glob(str(run_dir / "metrics" / "*" / "*.jsonl")):
-        for line in Path(path).read_text().splitlines():
-            entry = json.loads(line)
-            if "actor/pg_loss" in entry["data"]:
-                out[entry["step"]] = entry["data"]
-    return out
-
-
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """One folder for the tiny model and data of every launch of this module."""
@@ -108,7 +97,7 @@ def run(request, workdir):
         "model": model,
         "output": output,
         "records": read_actor_inputs(str(run_dir)),
-        "metrics": _metrics(run_dir),
+        "metrics": training_metrics(run_dir),
     }
 
 

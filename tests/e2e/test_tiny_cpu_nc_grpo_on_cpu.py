@@ -21,14 +21,13 @@ Both launches use the method's defaults (``target=layer_input`` at the last laye
 
 from __future__ import annotations
 
-import glob
 import json
 import re
 from pathlib import Path
 
 import pytest
 import torch
-from tiny_launch import run_tiny_cpu
+from tiny_launch import run_tiny_cpu, training_metrics
 
 from verl_ext.cpu.tiny_model import DEFAULT_ARCH, tiny_model_dir_name
 from verl_ext.nc_grpo.branching import FIRST_DIFFERENCE_FIELD, NOT_PROBED, first_difference
@@ -46,16 +45,6 @@ def _launch(workdir: Path, run_dir: Path, timeout: int, **settings: str) -> str:
     returncode, output = run_tiny_cpu(workdir, run_dir, timeout, METHOD=METHOD, **settings)
     assert returncode == 0, output[-8000:]
     return output
-
-
-def _metrics(run_dir: Path) -> dict[int, dict]:
-    out = {}
-    for path in glob.glob(str(run_dir / "metrics" / "*" / "*.jsonl")):
-        for line in Path(path).read_text().splitlines():
-            entry = json.loads(line)
-            if "actor/pg_loss" in entry["data"]:
-                out[entry["step"]] = entry["data"]
-    return out
 
 
 def _check_metrics(metrics: dict[int, dict], steps: list[int]) -> None:
@@ -136,7 +125,7 @@ def test_hf_cpu_trains_checkpoints_resumes_and_its_noisy_rollouts_branch(tmp_pat
     for role in ("training ranks", "rollout replicas"):  # one of each per node
         placed = re.search(rf"\[cluster\] {role}: (.*)", out).group(1).split(", ")
         assert sorted(p.split()[1] for p in placed) == ["head", "node-1"], (role, placed)
-    metrics = _metrics(run_dir)
+    metrics = training_metrics(run_dir)
     _check_metrics(metrics, [1, 2, 3])
     assert json.loads((run_dir / "probe" / "train_begin_step3.json").read_text())  # the resumed trainer's start
     # rollout.seed: the tiny run's seed (0).
@@ -179,7 +168,7 @@ def test_vllm_trains_resumes_and_passes_the_exact_check_with_its_noisy_responses
     summary = json.loads([line for line in out.splitlines() if "[cpu] summary " in line][-1].split("summary ", 1)[1])
     check = summary["logprob_check"]
     assert check["steps"] == [1, 2, 3] and check["rollout_gap_mean"] < 1e-5 and check["actor_gap_mean"] < 1e-5
-    metrics = _metrics(run_dir)
+    metrics = training_metrics(run_dir)
     _check_metrics(metrics, [1, 2, 3])
     assert sum(data[f"{METHOD}/branch/rate"] for data in metrics.values()) > 0
     # rollout.seed: the GPU launcher leaves verl's default, 42.

@@ -71,6 +71,18 @@ def run_tiny_cpu(
         return proc.returncode, out.read() + err.read()
 
 
+def training_metrics(run_dir: Path) -> dict[int, dict]:
+    """verl's logged values of each training step of a launch (every part of it: the trained and the resumed), by
+    step; validation-only entries are left out."""
+    out = {}
+    for path in sorted((run_dir / "metrics").glob("*/*.jsonl")):
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            if "actor/pg_loss" in entry["data"]:
+                out[entry["step"]] = entry["data"]
+    return out
+
+
 def job_log(run_dir: Path) -> str:
     """The job's whole output, which the launcher's console shows only part of (``run_scripts/tiny_cpu.sh`` writes
     it to ``RUN_DIR/job.log``: verl's and Ray's own lines, every actor's output)."""
