@@ -148,6 +148,7 @@ PROJECT_TAGS = (
     "setup_vllm_cpu",
     "bench",
     "sweep",
+    "sparse",
 )
 # Each method's metric that the step line shows (under the method's metric prefix), first one logged; then the
 # fallbacks. Every method logs a collapse rate: the share of groups whose advantages vanish, which all of these GRPO

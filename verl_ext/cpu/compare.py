@@ -1,7 +1,8 @@
 """Every method side by side on a task the tiny CPU model can learn: ``run_scripts/compare_tiny.sh`` runs this.
 
 From one warm start (:func:`prepare_swatch`: the tiny Qwen2-VL supervised into a base policy that half-solves
-``diva-prep swatch`` questions, its greedy validation accuracy checked to be in 20-60%), each method trains for
+``diva-prep swatch`` questions, its greedy validation accuracy checked to be in 20-60%; or, ``--task sparse``,
+:func:`verl_ext.cpu.sparse_task.prepare_sparse`: DIVA-GRPO's regime, its properties printed), each method trains for
 the same number of steps, with the same seed, data and responses per question (``2 n``: DIVA as original + 1
 variant x ``n``, the others as 1 prompt x ``2 n``), each as its own Ray job through the launchers'
 ``run_scripts/_submit.sh`` (verl's trainer, FSDP2 worker, ``hf_cpu`` rollout, the project's reward
@@ -17,7 +18,10 @@ variant x ``n``, the others as 1 prompt x ``2 n``), each as its own Ray job thro
                                      "accuracy_by_variant": {"<kind>": acc, ...},
                                      "accuracy_gap_by_variant": {"<kind>": gap, ...},
                                      "difficulty_of_solved": d1, "difficulty_of_failed": d2}},
-     "claims": {...}}
+     "claims": {...},
+     # TASK=sparse only: the warm start's three properties (verl_ext.cpu.sparse_task.task_properties), and per
+     # method "unsolved_solved_share": the warm start's unsolved validation questions its final policy solves
+     "properties": {...}}
 
 ``zero_advantage_fraction`` is ``<prefix>/advantage/zero_fraction`` (every method logs it): the step's responses
 whose advantage is 0 on every token. ``accuracy_by_variant`` is the training accuracy of each variant kind over the
@@ -36,19 +40,12 @@ import sys
 import time
 from pathlib import Path
 
+from verl_ext.cpu.rl_settings import RL_LR, ROLLOUT_TEMPERATURE
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ALL_METHODS = ("grpo", "diva_grpo", "avspo", "codapo", "durian", "pgpo", "mupo", "noise_contrastive_grpo")
 QUICK_METHODS = ("grpo", "diva_grpo")
-# Sampling temperature of the training rollouts, every method alike. At 1.0 the tiny warm policy also samples the
-# wrong colour word for a plainly visible square (measured on the validation set, 4 samples per question: red
-# answered right 86% of the time at 1.0, 95% at 0.7; well-formed 91% and 99%), so that even questions it solves
-# greedily score low; at 0.7 it still samples blue's and yellow's right numbers (3-17%) for RL to find.
-ROLLOUT_TEMPERATURE = 0.7
-# Learning rate of every method (AdamW, verl's actor optimiser, one update per step). Adam moves every weight by about
-# the learning rate in its first steps whatever the gradient's size, and this policy has few weights: at 5e-4 and
-# 1e-3 GRPO collapsed it to one answer within 3-5 steps in 3 of 6 seeded runs (a plain GRPO loop on the warm start,
-# 20 steps); at 1e-4 all 3 seeds rose from 0.31 to 0.73.
-RL_LR = 1e-4
+# The tiny runs' RL settings (ROLLOUT_TEMPERATURE, RL_LR) live in a leaf module the sparse task shares.
 
 
 # The learnable task (data_prep.swatch): 64 validation questions (10 points of accuracy are 6-7 questions), and 8
@@ -89,6 +86,41 @@ def prepare_swatch(workdir: str, seed: int = 0) -> dict:
 
         run_entropy(raw, paths["train"], EntropyOptions(model=Path(paths["model"]), device="cpu", progress=False))
     return {**paths, "warm_start": {k: v for k, v in state.items() if k != "settings"}}
+
+
+TASKS = ("swatch", "sparse")
+
+
+def prepare_task(task: str, workdir: str, seed: int = 0) -> dict:
+    """The task's warm start and data under ``workdir``: ``swatch`` (:func:`prepare_swatch`) or ``sparse``
+    (:func:`verl_ext.cpu.sparse_task.prepare_sparse`: DIVA-GRPO's regime, its three properties measured)."""
+    if task == "swatch":
+        return prepare_swatch(workdir, seed=seed)
+    if task == "sparse":
+        from verl_ext.cpu.sparse_task import prepare_sparse
+
+        return prepare_sparse(workdir, seed=seed)
+    raise ValueError(f"TASK must be one of {list(TASKS)}, got {task!r}")
+
+
+def task_overrides(task: str) -> tuple[str, ...]:
+    """Hydra overrides a task's runs add: the sparse task keeps the final weights as a Hugging Face folder, which
+    :func:`verl_ext.cpu.sparse_task.question_accuracy` reads for the questions each run solved."""
+    return (
+        ("actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",)
+        if task == "sparse"
+        else ()
+    )
+
+
+def announce_task(task: str, paths: dict, tag: str) -> None:
+    """Print the warm start's accuracy and, for the sparse task, its three properties."""
+    print(f"[{tag}] {task} task, warm start: validation accuracy {paths['warm_start']['val_accuracy']:.3f}", flush=True)
+    if "properties" in paths:
+        from verl_ext.cpu.sparse_task import property_lines
+
+        for line in property_lines(paths["properties"]):
+            print(line, flush=True)
 
 
 def method_run(
@@ -282,8 +314,10 @@ def compare(
     questions: int = QUESTIONS_PER_STEP,
     rollout_n: int = 4,
     workdir: Path | None = None,
+    task: str = "swatch",
 ) -> dict:
-    """Warm start, train every method, write ``comparison.json`` and the report; returns the comparison."""
+    """Warm start, train every method, write ``comparison.json`` and the report; returns the comparison.
+    ``task``: :data:`TASKS` (the sparse task's properties go into ``comparison.json`` too)."""
     from verl_ext.methods import METHODS
 
     unknown = [m for m in methods if m not in METHODS]
@@ -293,11 +327,12 @@ def compare(
         raise ValueError(f"steps={steps} and test_freq={test_freq} must be at least 1")
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    paths = prepare_swatch(str(workdir or out / "work"), seed=seed)
-    print(f"[compare] warm start: validation accuracy {paths['warm_start']['val_accuracy']:.3f}", flush=True)
+    paths = prepare_task(task, str(workdir or out / "work"), seed=seed)
+    announce_task(task, paths, "compare")
     comparison: dict = {
         "warm_start": {"val_accuracy": paths["warm_start"]["val_accuracy"], "steps": paths["warm_start"]["steps"]},
         "settings": {
+            "task": task,
             "steps": steps,
             "test_freq": test_freq,
             "seed": seed,
@@ -307,13 +342,28 @@ def compare(
         },
         "methods": {},
     }
+    if "properties" in paths:
+        comparison["properties"] = paths["properties"]
     for method in methods:
         print(f"[compare] {method}: training {steps} steps", flush=True)
         timing = method_run(
-            method, paths, out, steps=steps, test_freq=test_freq, seed=seed, questions=questions, rollout_n=rollout_n
+            method,
+            paths,
+            out,
+            steps=steps,
+            test_freq=test_freq,
+            seed=seed,
+            questions=questions,
+            rollout_n=rollout_n,
+            extra=task_overrides(task),
         )
         entry = method_entry(method, out / method)
         entry["minutes"] = round(timing["seconds"] / 60, 2)
+        if task == "sparse":  # the warm start's unsolved validation questions that the final policy solves
+            from verl_ext.cpu.sparse_task import solved_record
+
+            record = solved_record(out / method, paths["model"], paths["val"], paths["properties"], seed=0)
+            entry["unsolved_solved_share"] = record["solved_share"]
         comparison["methods"][method] = entry
         print(f"[compare] {method}: validation {entry['val_accuracy']} ({entry['minutes']} min)", flush=True)
     comparison["claims"] = claims(comparison)
@@ -341,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--questions", type=int, default=QUESTIONS_PER_STEP, help="questions per step")
     parser.add_argument("--rollout-n", type=int, default=4, help="responses per DIVA prompt (others: twice as many)")
     parser.add_argument("--workdir", type=Path, default=None, help="tiny model, data and warm start (default OUT/work)")
+    parser.add_argument("--task", default="swatch", choices=TASKS, help="swatch (default) or sparse")
     args = parser.parse_args(argv)
     methods = args.methods.split()
     result = compare(
@@ -352,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         questions=args.questions,
         rollout_n=args.rollout_n,
         workdir=args.workdir,
+        task=args.task,
     )
     print(f"[compare] wrote {args.out / 'comparison.json'} and {args.out / 'report' / 'report.md'}")
     print(json.dumps({"claims": {k: v["held"] for k, v in result["claims"].items()}, "minutes": result["minutes"]}))

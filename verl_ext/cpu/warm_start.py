@@ -97,12 +97,18 @@ def sft_examples(rows) -> list[dict]:
     return out
 
 
-def taught_number(colour: str, answer: str, rng: random.Random, hinted: bool = False) -> str:
-    """The number a warm-start example of ``colour`` is taught: the answer for :data:`KNOWN_COLOURS` and hinted
-    examples (the hint names the colour's place in the list), else a draw from :data:`UNKNOWN_CODE`."""
-    if colour in KNOWN_COLOURS or hinted:
+def taught_number(colour: str, answer: str, rng: random.Random, hinted: bool = False, code: dict | None = None) -> str:
+    """The number a warm-start example of ``colour`` is taught. ``code`` (default: the swatch task's): per colour,
+    ``{"plain": table, "hinted": table}``, a table being ``((number, probability), ...)`` drawn afresh at every
+    presentation, or absent (``None``) for the right answer. The swatch task's code teaches the answer for
+    :data:`KNOWN_COLOURS` and hinted examples (the hint names the colour's place in the list), else a draw from
+    :data:`UNKNOWN_CODE`."""
+    if code is None:
+        code = {colour: {"plain": table} for colour, table in UNKNOWN_CODE.items()}
+    table = code.get(colour, {}).get("hinted" if hinted else "plain")
+    if table is None:
         return answer
-    numbers, weights = zip(*UNKNOWN_CODE[colour], strict=True)
+    numbers, weights = zip(*table, strict=True)
     return rng.choices(numbers, weights)[0]
 
 
@@ -196,9 +202,11 @@ def warm_start(
     batch_size: int = 16,
     band: tuple[float, float] = (0.2, 0.6),
     seed: int = 0,
+    code: dict | None = None,
 ) -> dict:
     """Train ``model_dir`` into ``output_dir`` (module docstring) and check its greedy accuracy on ``val_file``.
 
+    ``code``: the numbers taught per colour, plain and hinted (:func:`taught_number`; default: the swatch task's).
     Reuses ``output_dir`` when its :data:`STATE_FILE` records the same inputs. Raises :class:`WarmStartError` when
     the accuracy is outside ``band``. Returns the state: accuracy, steps, seconds, the loss every 50 steps.
     """
@@ -218,6 +226,8 @@ def warm_start(
         "batch_size": batch_size,
         "seed": seed,
     }
+    if code is not None:  # the swatch task's settings stay as its recorded warm starts wrote them
+        settings["code"] = code
     state_path = os.path.join(output_dir, STATE_FILE)
     if os.path.exists(state_path):
         with open(state_path) as f:
@@ -243,7 +253,7 @@ def warm_start(
                 order = list(range(len(train)))
                 rng.shuffle(order)
             chosen.append(train[order.pop()])
-        numbers = [taught_number(e["colour"], e["answer"], rng, e.get("hinted", False)) for e in chosen]
+        numbers = [taught_number(e["colour"], e["answer"], rng, e.get("hinted", False), code) for e in chosen]
         batch, labels = _training_batch(processor, chosen, numbers)
         loss = model(**batch, labels=labels).loss
         loss.backward()
