@@ -12,7 +12,8 @@
 #   OUT=DIR CONFIGS="grpo diva_grpo diva_no_rrb" SEEDS="0 1 2" bash run_scripts/sweep_tiny.sh
 #   OUT=DIR SUMMARY_ONLY=1 bash run_scripts/sweep_tiny.sh     # the table and figures of the runs finished so far
 # CONFIGS: names of verl_ext.cpu.sweep.CONFIGS (must include grpo), STEPS (12), TEST_FREQ (4), SEEDS ("0 1 2"),
-# WORKDIR (default $OUT/work: the model, data and warm start, reused).
+# WORKDIR (default $OUT/work: the model, data and warm start, reused), TASK (swatch, the default, or sparse: DIVA-GRPO's
+# regime, verl_ext/cpu/sparse_task.py; its three properties are printed before training).
 set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
@@ -20,7 +21,7 @@ if [ -z "${OUT:-}" ]; then
   echo "error: set OUT to the output folder: OUT=outputs/sweep_tiny bash run_scripts/sweep_tiny.sh" >&2
   exit 2
 fi
-ARGS=(--out "$OUT" --seeds "${SEEDS:-0 1 2}" --steps "${STEPS:-12}" --test-freq "${TEST_FREQ:-4}")
+ARGS=(--out "$OUT" --task "${TASK:-swatch}" --seeds "${SEEDS:-0 1 2}" --steps "${STEPS:-12}" --test-freq "${TEST_FREQ:-4}")
 if [ -n "${CONFIGS:-}" ]; then ARGS+=(--configs "$CONFIGS"); fi
 if [ -n "${WORKDIR:-}" ]; then ARGS+=(--workdir "$WORKDIR"); fi
 if [ -n "${SUMMARY_ONLY:-}" ]; then ARGS+=(--summary-only); fi

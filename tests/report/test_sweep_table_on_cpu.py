@@ -176,3 +176,53 @@ def test_a_sweep_on_another_warm_start_stops_before_training_and_names_both_mach
     with pytest.raises(ValueError) as refused:
         check_protocol(tmp_path, ["grpo"], [0], {**PROTOCOL, "steps": 20})
     assert "steps 4 (here 20)" in str(refused.value) and "machine" not in str(refused.value)
+
+
+def test_the_sparse_tasks_columns_come_from_each_runs_recorded_files(tmp_path):
+    """The sparse task's runs leave ``questions.json`` (the unsolved questions their final policy solves) and
+    ``signal.json`` (the learning-signal means, so the probe records need not be kept): the table gains the
+    originals' zero-advantage fraction and the solved share, over seeds; a swatch table stays as it was. The sparse
+    protocol names its task; the swatch one has no ``task`` key (its recorded runs predate it)."""
+    from verl_ext.cpu.sweep import SIGNAL_FILE, table_markdown
+
+    assert "task" not in PROTOCOL
+    sparse = run_protocol(steps=4, test_freq=2, questions=8, rollout_n=4, warm_start="0" * 16, task="sparse")
+    assert sparse == {
+        **run_protocol(steps=4, test_freq=2, questions=8, rollout_n=4, warm_start="0" * 16),
+        "task": "sparse",
+    }
+    figures = {("grpo", 0): (1.0, 0.1, -6.5), ("grpo", 1): (0.9, 0.3, -7.5), ("diva_grpo", 0): (0.5, 0.6, -5.0)}
+    for (config, seed), (zero, solved, end) in figures.items():
+        _run(tmp_path, config, seed, [0.3, 0.5, 0.6], [0.25, 0.5, 0.5], [0.5] * 4, protocol=sparse)
+        folder = run_dir(tmp_path, config, seed)
+        (folder / SIGNAL_FILE).write_text(json.dumps({"original_signal": 1 - zero}))
+        moved = {"start": -7.0, "end": end}
+        (folder / "questions.json").write_text(json.dumps({"solved_share": solved, "unsolved_right_log_prob": moved}))
+    table = summarise(tmp_path, ["grpo", "diva_grpo"], [0, 1])["table"]
+    assert table["grpo"]["original_zero_advantage_fraction"] == pytest.approx(
+        {"mean": 0.95, "min": 0.9, "max": 1.0, "n": 2}
+    )
+    assert table["grpo"]["unsolved_solved_share"]["mean"] == pytest.approx(0.2)
+    assert table["diva_grpo"]["unsolved_solved_share"] == pytest.approx({"mean": 0.6, "min": 0.6, "max": 0.6, "n": 1})
+    assert table["grpo"]["unsolved_log_prob_change"] == pytest.approx({"mean": 0.0, "min": -0.5, "max": 0.5, "n": 2})
+    lines = table_markdown(table)
+    assert (
+        "originals' zero-advantage fraction | unsolved at the start, solved at the end | their right answer's "
+        "log-probability, change | responses |" in lines[0]
+    )
+    assert lines[1].count("---") == 12
+    assert lines[3].endswith("| 1/1 at 4 | 0.500 | 0.50 | 0.60 | 2.00 | 256 |")
+    assert (
+        "zero-advantage fraction | responses |"
+        in table_markdown(
+            {
+                k: {
+                    f: v
+                    for f, v in row.items()
+                    if f
+                    not in ("original_zero_advantage_fraction", "unsolved_solved_share", "unsolved_log_prob_change")
+                }
+                for k, row in table.items()
+            }
+        )[0]
+    )

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from verl_ext.cpu.compare import QUESTIONS_PER_STEP, method_run, prepare_swatch
+from verl_ext.cpu.compare import QUESTIONS_PER_STEP, TASKS, method_run, prepare_task, task_overrides
 
 VAL_SAMPLES = 4  # the paper's "mean over k samples per question", k small enough for two CPU cores
 
@@ -144,9 +144,12 @@ def warm_start_fingerprint(model_dir: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def run_protocol(*, steps: int, test_freq: int, questions: int, rollout_n: int, warm_start: str) -> dict:
-    """What a run's figures depend on beside its configuration and seed; kept in its ``done.json``."""
-    return {
+def run_protocol(
+    *, steps: int, test_freq: int, questions: int, rollout_n: int, warm_start: str, task: str = "swatch"
+) -> dict:
+    """What a run's figures depend on beside its configuration and seed; kept in its ``done.json``. (The swatch
+    task's protocol has no ``task`` key: its recorded runs were written before there was another task.)"""
+    protocol = {
         "steps": steps,
         "test_freq": test_freq,
         "questions_per_step": questions,
@@ -154,6 +157,7 @@ def run_protocol(*, steps: int, test_freq: int, questions: int, rollout_n: int, 
         "val_samples": VAL_SAMPLES,
         "warm_start": warm_start,
     }
+    return protocol if task == "swatch" else {**protocol, "task": task}
 
 
 def machine_kind() -> dict:
@@ -230,7 +234,10 @@ def check_protocol(out: Path, configs: list[str], seeds: list[int], protocol: di
 
 def run_config(out: Path, config: str, seed: int, paths: dict, *, protocol: dict) -> dict:
     """Train ``config`` at ``seed`` under ``protocol`` (:func:`run_protocol`) unless it finished before under the
-    same protocol; returns its ``done.json``. A run finished under another protocol is an error, not reused."""
+    same protocol; returns its ``done.json``. A run finished under another protocol is an error, not reused.
+    The sparse task's runs also measure, from their final weights, the questions they solve
+    (:func:`verl_ext.cpu.sparse_task.solved_record`)."""
+    task = protocol.get("task", "swatch")
     folder = run_dir(out, config, seed)
     record = _finished(folder, protocol)
     if record is not None:
@@ -249,9 +256,14 @@ def run_config(out: Path, config: str, seed: int, paths: dict, *, protocol: dict
         rollout_n=protocol["rollout_n"] * spec.budget,
         run_dir=folder,
         without=spec.without,
-        extra=spec.extra,
+        extra=(*spec.extra, *task_overrides(task)),
         val_samples=VAL_SAMPLES,
     )
+    if task == "sparse":  # before the checkpoints go: which unsolved questions the final policy solves
+        from verl_ext.cpu.sparse_task import solved_record
+
+        solved_record(folder, paths["model"], paths["questions"], paths["properties"], seed=0)
+        (folder / SIGNAL_FILE).write_text(json.dumps(_signal(folder)))
     record = {
         "config": config,
         "seed": seed,
@@ -294,13 +306,40 @@ def run_figures(folder: Path) -> dict:
     prefix = get_method(spec.method).prefix
     _, zero = series(log, f"{prefix}/advantage/zero_fraction")
     trained = [s for s, values in log.steps.items() if "actor/pg_loss" in values]
+    figures = {}
+    signal = _signal(folder)
+    if signal is not None:  # the originals' own zero-advantage fraction (DIVA-GRPO: half the responses)
+        figures["original_zero_advantage_fraction"] = 1 - signal["original_signal"]
+    questions = folder / "questions.json"  # the sparse task: unsolved questions the final policy solves
+    if questions.exists():
+        record = json.loads(questions.read_text())
+        figures["unsolved_solved_share"] = record["solved_share"]
+        moved = record.get("unsolved_right_log_prob")
+        if moved and moved.get("start") is not None:  # how far the run moved the questions it could not solve
+            figures["unsolved_log_prob_change"] = moved["end"] - moved["start"]
     return {
+        **figures,
         "curves": curves,
         "zero_advantage_fraction": float(sum(zero) / len(zero)) if len(zero) else None,
         "steps": len(trained),
         "responses": len(trained) * QUESTIONS_PER_STEP * done["responses_per_question"],
         "minutes": done["minutes"],
     }
+
+
+SIGNAL_FILE = "signal.json"
+
+
+def _signal(folder: Path) -> dict | None:
+    """The run's learning-signal means (:func:`verl_ext.cpu.learning_signal.run_means`), from its
+    :data:`SIGNAL_FILE` (written when the run finished) or its probe records; ``None`` without either."""
+    if (folder / SIGNAL_FILE).exists():
+        return json.loads((folder / SIGNAL_FILE).read_text())
+    if (folder / "probe").is_dir():
+        from verl_ext.cpu.learning_signal import run_means, signal_figures
+
+        return run_means(signal_figures(str(folder)))
+    return None
 
 
 def _first_reaching(curve: tuple[list[int], list[float]], target: float) -> int | None:
@@ -331,6 +370,9 @@ def summarise(out: Path, configs: list[str], seeds: list[int]) -> dict:
             row[f"best_{view}"] = _stats([max(f["curves"][view][1]) for f in by_seed.values()])
             row[f"final_{view}"] = _stats([f["curves"][view][1][-1] for f in by_seed.values()])
         row["zero_advantage_fraction"] = _stats([f["zero_advantage_fraction"] for f in by_seed.values()])
+        for key in SPARSE_COLUMNS:
+            if any(key in f for f in by_seed.values()):
+                row[key] = _stats([f.get(key) for f in by_seed.values()])
         row["responses"] = _stats([f["responses"] for f in by_seed.values()])
         row["minutes"] = _stats([f["minutes"] for f in by_seed.values()])
         paired = [s for s in by_seed if s in base]
@@ -352,7 +394,7 @@ def summarise(out: Path, configs: list[str], seeds: list[int]) -> dict:
     return {"runs": runs, "table": table}
 
 
-def figures(out: Path, summary: dict) -> list[str]:
+def figures(out: Path, summary: dict, task: str = "swatch") -> list[str]:
     """The sweep's curves (sampled and greedy validation) as PNGs in ``out``; returns their paths."""
     import matplotlib.pyplot as plt
 
@@ -369,7 +411,7 @@ def figures(out: Path, summary: dict) -> list[str]:
             continue
         how = f"mean of {VAL_SAMPLES} samples, T=0.6" if view == "sampled" else "greedy"
         label = f"validation accuracy ({how})"
-        figure, _ = sweep_figure(curves, BASELINE, f"swatch task, {view} validation, mean and range over seeds", label)
+        figure, _ = sweep_figure(curves, BASELINE, f"{task} task, {view} validation, mean and range over seeds", label)
         path = out / f"sweep_{view}.png"
         figure.savefig(path, bbox_inches="tight")
         plt.close(figure)
@@ -412,10 +454,14 @@ def table_lines(table: dict) -> list[str]:
 def table_markdown(table: dict) -> list[str]:
     """The table as Markdown (``OUT/sweep.md``, for the README): sampled validation, mean [min, max] over seeds;
     the seeds at which a configuration reached GRPO's best (and the steps it took); the responses trained on."""
+    # The sparse task's columns (verl_ext.cpu.sparse_task), where the runs have them.
+    sparse = [k for k in SPARSE_COLUMNS if any(k in row for row in table.values())]
     lines = [
         "| configuration | seeds | best (sampled) | final (sampled) | best (greedy) | best - GRPO, paired | "
-        "reaches GRPO's best: seeds, at step | zero-advantage fraction | responses |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "reaches GRPO's best: seeds, at step | zero-advantage fraction | "
+        + "".join(f"{SPARSE_COLUMNS[k]} | " for k in sparse)
+        + "responses |",
+        "|---|---|---|---|---|---|---|---|" + "---|" * len(sparse) + "---|",
     ]
     for config, row in table.items():
         zero = row["zero_advantage_fraction"]
@@ -424,9 +470,18 @@ def table_markdown(table: dict) -> list[str]:
         lines.append(
             f"| `{config}` | {seeds} | {_fmt(row['best_sampled'])} | {_fmt(row['final_sampled'])} | "
             f"{_fmt(row['best_greedy'])} | {_fmt(row.get('best_sampled_minus_grpo'))} | "
-            f"{_reached_text(row.get('steps_to_grpo_best'))} | {zero_text} | {_count_text(row['responses'])} |"
+            f"{_reached_text(row.get('steps_to_grpo_best'))} | {zero_text} | "
+            + "".join(f"{_fmt(row.get(k), 2)} | " for k in sparse)
+            + f"{_count_text(row['responses'])} |"
         )
     return lines
+
+
+SPARSE_COLUMNS = {
+    "original_zero_advantage_fraction": "originals' zero-advantage fraction",
+    "unsolved_solved_share": "unsolved at the start, solved at the end",
+    "unsolved_log_prob_change": "their right answer's log-probability, change",
+}
 
 
 def _count_text(stats: dict) -> str:
@@ -453,28 +508,34 @@ def sweep(
     questions: int = QUESTIONS_PER_STEP,
     rollout_n: int = 4,
     workdir: Path | None = None,
+    task: str = "swatch",
 ) -> dict:
     """Run every configuration at every seed (skipping finished runs), then draw the figures; returns the summary
-    (:func:`main` writes its table to ``OUT/sweep.json`` and ``OUT/sweep.md``)."""
+    (:func:`main` writes its table to ``OUT/sweep.json`` and ``OUT/sweep.md``). ``task``: :data:`TASKS`."""
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
         raise ValueError(f"CONFIGS: unknown {unknown}; known: {list(CONFIGS)}")
     if BASELINE not in configs:
         raise ValueError(f"CONFIGS must include {BASELINE!r}: every difference is paired with it by seed")
     out.mkdir(parents=True, exist_ok=True)
-    paths = prepare_swatch(str(workdir or out / "work"), seed=0)
+    paths = prepare_task(task, str(workdir or out / "work"), seed=0)
+    if "properties" in paths:
+        from verl_ext.cpu.compare import announce_task
+
+        announce_task(task, paths, "sweep")
     views = Path(paths["val"]).with_name(Path(paths["val"]).stem + f"_views{VAL_SAMPLES}.parquet")
     if not views.exists():
         from data_prep.validation_views import validation_views
 
         validation_views(paths["val"], views, VAL_SAMPLES)
-    paths = {**paths, "val": str(views)}
+    paths = {**paths, "questions": paths["val"], "val": str(views)}
     protocol = run_protocol(
         steps=steps,
         test_freq=test_freq,
         questions=questions,
         rollout_n=rollout_n,
         warm_start=warm_start_fingerprint(paths["model"]),
+        task=task,
     )
     check_protocol(out, configs, seeds, protocol)
     total, started = len(configs) * len(seeds), time.perf_counter()
@@ -492,7 +553,9 @@ def sweep(
         "seeds": seeds,
         "warm_start_val_accuracy": paths["warm_start"]["val_accuracy"],
     }
-    summary["figures"] = figures(out, summary)
+    if "properties" in paths:
+        summary["properties"] = {k: v for k, v in paths["properties"].items() if isinstance(v, dict)}
+    summary["figures"] = figures(out, summary, task)
     return summary
 
 
@@ -506,11 +569,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rollout-n", type=int, default=4, help="responses per DIVA prompt (others: twice as many)")
     parser.add_argument("--workdir", type=Path, default=None, help="tiny model, data and warm start (default OUT/work)")
     parser.add_argument("--summary-only", action="store_true", help="tabulate the finished runs; train nothing")
+    parser.add_argument("--task", default="swatch", choices=TASKS, help="swatch (default) or sparse")
     args = parser.parse_args(argv)
     configs, seeds = args.configs.split(), [int(s) for s in args.seeds.split()]
     if args.summary_only:
         summary = summarise(args.out, configs, seeds)
-        summary["figures"] = figures(args.out, summary)
+        summary["figures"] = figures(args.out, summary, args.task)
     else:
         summary = sweep(
             args.out,
@@ -520,6 +584,7 @@ def main(argv: list[str] | None = None) -> int:
             test_freq=args.test_freq,
             rollout_n=args.rollout_n,
             workdir=args.workdir,
+            task=args.task,
         )
     for line in table_lines(summary["table"]):
         print(line)
