@@ -15,15 +15,11 @@ the main job's stack."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from tiny_launch import run_compare_tiny
 
-ROOT = Path(__file__).resolve().parents[2]
 METHODS = ("grpo", "diva_grpo")
 
 pytestmark = [pytest.mark.gpu_stack, pytest.mark.extended, pytest.mark.timeout(2700)]
@@ -32,19 +28,8 @@ pytestmark = [pytest.mark.gpu_stack, pytest.mark.extended, pytest.mark.timeout(2
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare_sparse")
-    env = {
-        **os.environ,
-        "OUT": str(out),
-        "TASK": "sparse",
-        "METHODS": " ".join(METHODS),
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-    }
-    for name in ("RAY_ADDRESS", "VERL_PLATFORM", "DIVA_CPU_PROBE_DIR", "VERL_FILE_LOGGER_ROOT", "WORKDIR"):
-        env.pop(name, None)
     started = time.perf_counter()
-    proc = subprocess.run(
-        ["bash", "run_scripts/compare_tiny.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=2600
-    )
+    proc = run_compare_tiny(out, 2600, TASK="sparse", METHODS=" ".join(METHODS))
     minutes = (time.perf_counter() - started) / 60
     print(f"TASK=sparse compare_tiny.sh, {' and '.join(METHODS)} from nothing: {minutes:.1f} min")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]

@@ -30,15 +30,11 @@ Why these numbers are robust to noise:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
+from tiny_launch import run_compare_tiny
 
-ROOT = Path(__file__).resolve().parents[2]
 METHODS = ("grpo", "diva_grpo")
 STEPS, TEST_FREQ, SEED = 8, 2, 0
 
@@ -54,21 +50,9 @@ def compared(tmp_path_factory):
     except ImportError as err:
         pytest.fail(f"the CPU end-to-end tests need torchvision ({err}): pip install torch==2.14.1 torchvision==0.29.1")
     out = tmp_path_factory.mktemp("compare_tiny")
-    env = {
-        **os.environ,
-        "OUT": str(out),
-        "METHODS": " ".join(METHODS),
-        "STEPS": str(STEPS),
-        "TEST_FREQ": str(TEST_FREQ),
-        "SEED": str(SEED),
-        # The launcher's python is this test's (the stack it runs on), whatever PATH says.
-        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-    }
-    for name in ("RAY_ADDRESS", "VERL_PLATFORM", "DIVA_CPU_PROBE_DIR", "VERL_FILE_LOGGER_ROOT", "WORKDIR"):
-        env.pop(name, None)
     started = time.perf_counter()
-    proc = subprocess.run(
-        ["bash", "run_scripts/compare_tiny.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=2300
+    proc = run_compare_tiny(
+        out, 2300, METHODS=" ".join(METHODS), STEPS=str(STEPS), TEST_FREQ=str(TEST_FREQ), SEED=str(SEED)
     )
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     comparison = json.loads((out / "comparison.json").read_text())

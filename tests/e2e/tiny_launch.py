@@ -71,6 +71,20 @@ def run_tiny_cpu(
         return proc.returncode, out.read() + err.read()
 
 
+def run_compare_tiny(out: Path, timeout: int, **settings: str) -> subprocess.CompletedProcess:
+    """Run ``run_scripts/compare_tiny.sh`` into ``out`` with ``settings`` (``METHODS``, ``TASK``, ``STEPS``, ...) on
+    this test's Python (the stack it runs on, whatever PATH says), clear of the caller's cluster, platform and
+    folders; returns the finished process (output captured)."""
+    import sys
+
+    cleared = ("RAY_ADDRESS", "VERL_PLATFORM", "DIVA_CPU_PROBE_DIR", "VERL_FILE_LOGGER_ROOT", "WORKDIR")
+    env = {name: value for name, value in os.environ.items() if name not in cleared}
+    env.update(OUT=str(out), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", **settings)
+    return subprocess.run(
+        ["bash", "run_scripts/compare_tiny.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def training_metrics(run_dir: Path) -> dict[int, dict]:
     """verl's logged values of each training step of a launch (every part of it: the trained and the resumed), by
     step; validation-only entries are left out."""

@@ -62,30 +62,16 @@ def prepare_swatch(workdir: str, seed: int = 0) -> dict:
     """The learnable CPU task: the tiny model warm-started (:mod:`verl_ext.cpu.warm_start`) into a base policy that
     half-solves ``diva-prep swatch`` questions, under ``workdir`` (reused when present). Returns the paths
     (``model`` is the warm-started one) and ``warm_start`` (its state: validation accuracy, steps)."""
-    from data_prep.swatch import swatch
-    from verl_ext.cpu.tiny_model import build_tiny_qwen2_vl
-    from verl_ext.cpu.warm_start import warm_start
+    from verl_ext.cpu.warm_start import prepare_warm_started
 
-    os.makedirs(workdir, exist_ok=True)
-    base = os.path.join(workdir, "tiny_qwen2_vl")
-    paths = {
-        "model": os.path.join(workdir, f"warm_start_seed{seed}"),
-        "train": os.path.join(workdir, f"swatch_train_seed{seed}.parquet"),
-        "val": os.path.join(workdir, f"swatch_val_seed{seed}.parquet"),
-    }
-    build_tiny_qwen2_vl(base, seed=seed)
-    if not os.path.exists(paths["val"]):
-        swatch(paths["val"], SWATCH_VAL_QUESTIONS, seed=2 * seed + 1, split="test")
-    state = warm_start(base, paths["val"], paths["model"], seed=seed)
-    if not os.path.exists(paths["train"]):
-        raw = os.path.join(workdir, f"swatch_train_seed{seed}_raw.parquet")
-        swatch(raw, SWATCH_TRAIN_QUESTIONS, seed=2 * seed, split="train")
-        # Durian reads extra_info.visual_entropy: `diva-prep entropy` with the policy's vision tower (the warm
-        # start's), as a user computes it; the other methods ignore the field, so every method trains on one file.
-        from data_prep.entropy import EntropyOptions, run_entropy
-
-        run_entropy(raw, paths["train"], EntropyOptions(model=Path(paths["model"]), device="cpu", progress=False))
-    return {**paths, "warm_start": {k: v for k, v in state.items() if k != "settings"}}
+    return prepare_warm_started(
+        workdir,
+        seed,
+        model_folder=f"warm_start_seed{seed}",
+        data_name="swatch",
+        train_questions=SWATCH_TRAIN_QUESTIONS,
+        val_questions=SWATCH_VAL_QUESTIONS,
+    )
 
 
 TASKS = ("swatch", "sparse")

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 
 HARD_COLOURS = ("blue", "yellow")
@@ -75,29 +74,19 @@ def prepare_sparse(workdir: str, seed: int = 0) -> dict:
     """The sparse task under ``workdir`` (reused when present): the tiny Qwen2-VL warm-started with
     :data:`SPARSE_CODE`, training and validation questions, and the three properties measured and checked
     (``properties``). Returns the paths (``model`` is the warm start), ``warm_start`` and ``properties``."""
-    from data_prep.swatch import swatch
-    from verl_ext.cpu.tiny_model import build_tiny_qwen2_vl
-    from verl_ext.cpu.warm_start import warm_start
+    from verl_ext.cpu.warm_start import prepare_warm_started
 
-    os.makedirs(workdir, exist_ok=True)
-    base = os.path.join(workdir, "tiny_qwen2_vl")
-    paths = {
-        "model": os.path.join(workdir, f"sparse_warm_start_seed{seed}"),
-        "train": os.path.join(workdir, f"sparse_train_seed{seed}.parquet"),
-        "val": os.path.join(workdir, f"sparse_val_seed{seed}.parquet"),
-    }
-    build_tiny_qwen2_vl(base, seed=seed)
-    if not os.path.exists(paths["val"]):
-        swatch(paths["val"], VAL_QUESTIONS, seed=2 * seed + 1, split="test")
-    state = warm_start(base, paths["val"], paths["model"], seed=seed, code=SPARSE_CODE, band=(0.2, 0.6))
-    if not os.path.exists(paths["train"]):
-        raw = os.path.join(workdir, f"sparse_train_seed{seed}_raw.parquet")
-        swatch(raw, TRAIN_QUESTIONS, seed=2 * seed, split="train")
-        from data_prep.entropy import EntropyOptions, run_entropy
-
-        run_entropy(raw, paths["train"], EntropyOptions(model=Path(paths["model"]), device="cpu", progress=False))
+    paths = prepare_warm_started(
+        workdir,
+        seed,
+        model_folder=f"sparse_warm_start_seed{seed}",
+        data_name="sparse",
+        train_questions=TRAIN_QUESTIONS,
+        val_questions=VAL_QUESTIONS,
+        code=SPARSE_CODE,
+    )
     properties = cached_properties(paths["model"], paths["train"], paths["val"], seed=seed)
-    return {**paths, "warm_start": {k: v for k, v in state.items() if k != "settings"}, "properties": properties}
+    return {**paths, "properties": properties}
 
 
 def cached_properties(model_dir: str, train_file: str, val_file: str, seed: int = 0) -> dict:

@@ -292,6 +292,46 @@ def warm_start(
     return state
 
 
+def prepare_warm_started(
+    workdir: str,
+    seed: int,
+    *,
+    model_folder: str,
+    data_name: str,
+    train_questions: int,
+    val_questions: int,
+    code: dict | None = None,
+) -> dict:
+    """A task's files under ``workdir`` (each reused when present): the tiny Qwen2-VL, ``val_questions`` validation
+    and ``train_questions`` training swatch questions (``<data_name>_{val,train}_seed<seed>.parquet``), and the
+    model warm-started on the validation set's colours with ``code`` (:func:`warm_start`) into ``model_folder``.
+    The training file carries ``extra_info.visual_entropy`` from the warm start's vision tower (``diva-prep
+    entropy``, as a user computes it: Durian reads it, the other methods ignore it, so every method trains on one
+    file). Returns the paths (``model`` is the warm start) and ``warm_start`` (its state)."""
+    from pathlib import Path
+
+    from data_prep.entropy import EntropyOptions, run_entropy
+    from data_prep.swatch import swatch
+    from verl_ext.cpu.tiny_model import build_tiny_qwen2_vl
+
+    os.makedirs(workdir, exist_ok=True)
+    base = os.path.join(workdir, "tiny_qwen2_vl")
+    paths = {
+        "model": os.path.join(workdir, model_folder),
+        "train": os.path.join(workdir, f"{data_name}_train_seed{seed}.parquet"),
+        "val": os.path.join(workdir, f"{data_name}_val_seed{seed}.parquet"),
+    }
+    build_tiny_qwen2_vl(base, seed=seed)
+    if not os.path.exists(paths["val"]):
+        swatch(paths["val"], val_questions, seed=2 * seed + 1, split="test")
+    state = warm_start(base, paths["val"], paths["model"], seed=seed, code=code)
+    if not os.path.exists(paths["train"]):
+        raw = os.path.join(workdir, f"{data_name}_train_seed{seed}_raw.parquet")
+        swatch(raw, train_questions, seed=2 * seed, split="train")
+        run_entropy(raw, paths["train"], EntropyOptions(model=Path(paths["model"]), device="cpu", progress=False))
+    return {**paths, "warm_start": {k: v for k, v in state.items() if k != "settings"}}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", required=True, help="the tiny model folder (verl_ext.cpu.tiny_model)")
