@@ -142,3 +142,35 @@ def test_formats():
     assert doc_numbers._format(0.276, "%pct") == "28%"
     assert doc_numbers._format(28.0, "%d") == "28"
     assert doc_numbers._calc("sqrt(0.25/256)") == pytest.approx(0.03125)
+
+
+def test_the_sparse_tasks_figures_against_its_recorded_files(generator):
+    """The sparse task's sweep records, beside each run's metrics, the unsolved questions its final policy solves
+    (``questions.json``), its learning-signal means (``signal.json``) and, for the folder, the warm start's three
+    properties (``properties.json``): the markers read those files."""
+    sparse = ROOT / "benchmarks/results/sweep_sparse"
+    run = sparse / "diva_grpo" / "seed0"
+    questions = json.loads((run / "questions.json").read_text())
+    assert questions["solved_share"] == len(questions["solved"]) / len(questions["initially_unsolved"])
+    assert generator.figure("sparse diva_grpo/seed0 solved") == f"{questions['solved_share']:.3f}"
+    signal = json.loads((run / "signal.json").read_text())
+    assert generator.figure("sparse diva_grpo/seed0 original_zero") == f"{1 - signal['original_signal']:.3f}"
+    properties = json.loads((sparse / "properties.json").read_text())
+    assert (
+        generator.figure("sparse * property:unsolved.share %pct") == f"{round(properties['unsolved']['share'] * 100)}%"
+    )
+    last = properties["hints_transfer"]["trajectory"][-1]["log_prob"]
+    assert generator.figure("sparse * property:hints_transfer.trajectory.-1.log_prob %.2f") == f"{last:.2f}"
+    colour = questions["unsolved_right_log_prob_parts"]["end"]["colour"]
+    assert generator.figure("sparse diva_grpo/seed0 questions:unsolved_right_log_prob_parts.end.colour") == (
+        f"{colour:.2f}"
+    )
+    ends = [
+        json.loads((sparse / "diva_grpo" / f"seed{k}" / "questions.json").read_text())["unsolved_right_log_prob"]["end"]
+        for k in (0, 1, 2)
+    ]
+    assert generator.figure("sparse diva_grpo questions:unsolved_right_log_prob.end") == f"{sum(ends) / 3:.2f}"
+    with pytest.raises(DocNumbersError, match="not a number"):
+        generator.figure("sparse * property:unsolved.held")
+    with pytest.raises(DocNumbersError, match="no properties.json"):
+        generator.figure("third24 * property:unsolved.share")

@@ -37,7 +37,17 @@ under ``benchmarks/results``. ``TARGET`` is a configuration (the table's figure 
                             A to B (default: every step that logged it); ``zeros`` counts the steps at 0
 ``diverge:OTHER:KEY``       (a run) the first step where metric KEY differs from the same run in sweep OTHER
                             (the same start, another length), ``none`` if it never does
+``original_zero``, ``solved``  (the sparse task) the originals' zero-advantage fraction; the share of the
+                            warm start's unsolved validation questions the final policy solves
+``unsolved_gain``           (the sparse task) the change of those questions' right-answer log-probability
+                            from the warm start to the final policy
+``questions:PATH``          (the sparse task) a figure of a run's ``questions.json``
+                            (:func:`verl_ext.cpu.sparse_task.solved_record`), ``PATH`` as in ``property:PATH``:
+                            ``unsolved_right_log_prob_parts.end.colour``; of a configuration, its mean over seeds
 ``runs``                    (``*``) the runs that finished (``done.json``)
+``property:PATH``           (``*``) a figure of the folder's ``properties.json`` (the sparse task's warm start,
+                            :func:`verl_ext.cpu.sparse_task.task_properties`), ``PATH`` dotted, a list's item by
+                            its index: ``unsolved.share``, ``hints_transfer.trajectory.-1.log_prob``
 ``common:OTHER``            (``*``) the runs (configuration and seed) that sweep OTHER also holds
 ``repeats:OTHER``           (``*``) how many of those log OTHER's values again over the steps both ran
                             (validation, training score, gradient norm)
@@ -76,6 +86,7 @@ FOLDERS = {
     "second24": "sweep_tiny_second_start_24",
     "third24": "sweep_tiny_third_start_24",
     "nc12": "sweep_tiny_nc_12",
+    "sparse": "sweep_sparse",
 }
 
 # Files where every three-decimal figure must come from a marker (the sweep's pages); other files may use markers
@@ -100,6 +111,12 @@ TABLE_FIELDS = {
     "zero": "zero_advantage_fraction",
     "responses": "responses",
     "minutes": "minutes",
+    # The sparse task's (verl_ext.cpu.sweep.SPARSE_COLUMNS): the originals' own zero-advantage fraction, the share of
+    # the validation questions unsolved at the warm start that the final policy solves, and how far it moved their
+    # right answer's log-probability.
+    "original_zero": "original_zero_advantage_fraction",
+    "solved": "unsolved_solved_share",
+    "unsolved_gain": "unsolved_log_prob_change",
 }
 SIGNED = {"paired", "final_paired"}
 COUNTS = {"responses", "best_step", "reach", "runs"}
@@ -192,10 +209,21 @@ class Generator:
                 if what == "common":
                     return _format(len(pairs), fmt or "%d")
                 return _format(sum(self._repeats(sweep, self.sweep(other), *p) for p in pairs), fmt or "%d")
-            raise DocNumbersError(f"{expr!r}: the folder ('*') has 'runs', 'repeats:OTHER' and 'common:OTHER'")
+            if quantity.startswith("property:"):
+                path = quantity[len("property:") :]
+                return _format(_json_figure(sweep.folder / "properties.json", path), fmt or "%.3f")
+            raise DocNumbersError(
+                f"{expr!r}: the folder ('*') has 'runs', 'repeats:OTHER', 'common:OTHER' and 'property:PATH'"
+            )
         if "/seed" in target:
             config, seed = target.split("/seed")
             value, default = self._run_quantity(sweep, config, int(seed), quantity)
+        elif quantity.startswith("questions:"):  # the mean over the configuration's seeds
+            seeds = sorted(sweep.summary["runs"].get(target, {}))
+            if not seeds:
+                raise DocNumbersError(f"{sweep.folder.name}: no finished run of {target}")
+            values = [self._run_quantity(sweep, target, int(seed), quantity)[0] for seed in seeds]
+            value, default = sum(values) / len(values), "%.2f"
         else:
             value, default = self._table_quantity(sweep, target, quantity)
         return _format(value, fmt or default)
@@ -239,6 +267,12 @@ class Generator:
             return sampled[0][sampled[1].index(max(sampled[1]))], "%d"
         if quantity == "zero":
             return run["zero_advantage_fraction"], "%.3f"
+        if quantity.startswith("questions:"):
+            return _json_figure(sweep.folder / config / f"seed{seed}" / "questions.json", quantity[10:]), "%.2f"
+        if quantity in ("original_zero", "solved", "unsolved_gain"):
+            if TABLE_FIELDS[quantity] not in run:
+                raise DocNumbersError(f"{sweep.folder.name}: {config}/seed{seed} has no {TABLE_FIELDS[quantity]}")
+            return run[TABLE_FIELDS[quantity]], _default_format(quantity)
         if quantity == "minutes":
             return run["minutes"], "%.1f"
         if quantity in ("paired", "final_paired", "reach"):
@@ -407,6 +441,26 @@ def _single(values, quantity: str) -> float:
     return values[0]
 
 
+def _json_figure(file: Path, path: str):
+    """The figure at dotted ``path`` in the JSON ``file`` (a folder's ``properties.json``, a run's
+    ``questions.json``: only the sparse task's sweep records them)."""
+    import json
+
+    if not file.exists():
+        raise DocNumbersError(f"{file.parent.name}: no {file.name} (only the sparse task's sweep records one)")
+    value = json.loads(file.read_text())
+    for key in path.split("."):
+        if isinstance(value, list) and key.lstrip("-").isdigit() and -len(value) <= int(key) < len(value):
+            value = value[int(key)]  # a list's item by its index: hints_transfer.trajectory.-1.log_prob
+        elif isinstance(value, dict) and key in value:
+            value = value[key]
+        else:
+            raise DocNumbersError(f"{file}: no {path!r} (stopped at {key!r})")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise DocNumbersError(f"{file}: {path!r} is {value!r}, not a number")
+    return value
+
+
 def _default_format(name: str) -> str:
     if name in SIGNED:
         return "%+.3f"
@@ -414,6 +468,8 @@ def _default_format(name: str) -> str:
         return "%d"
     if name == "minutes":
         return "%.1f"
+    if name == "unsolved_gain":  # a log-probability: two decimals, signed
+        return "%+.2f"
     return "%.3f"
 
 
