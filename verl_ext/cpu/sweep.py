@@ -260,10 +260,11 @@ def run_config(out: Path, config: str, seed: int, paths: dict, *, protocol: dict
         val_samples=VAL_SAMPLES,
     )
     if task == "sparse":  # before the checkpoints go: which unsolved questions the final policy solves
+        from verl_ext.cpu.learning_signal import run_means, signal_figures
         from verl_ext.cpu.sparse_task import solved_record
 
         solved_record(folder, paths["model"], paths["questions"], paths["properties"], seed=0)
-        (folder / SIGNAL_FILE).write_text(json.dumps(_signal(folder)))
+        (folder / SIGNAL_FILE).write_text(json.dumps(run_means(signal_figures(str(folder)))))
     record = {
         "config": config,
         "seed": seed,
@@ -307,9 +308,9 @@ def run_figures(folder: Path) -> dict:
     _, zero = series(log, f"{prefix}/advantage/zero_fraction")
     trained = [s for s, values in log.steps.items() if "actor/pg_loss" in values]
     figures = {}
-    signal = _signal(folder)
-    if signal is not None:  # the originals' own zero-advantage fraction (DIVA-GRPO: half the responses)
-        figures["original_zero_advantage_fraction"] = 1 - signal["original_signal"]
+    signal = folder / SIGNAL_FILE  # the sparse task: the originals' own zero-advantage fraction (DIVA: half)
+    if signal.exists():
+        figures["original_zero_advantage_fraction"] = 1 - json.loads(signal.read_text())["original_signal"]
     questions = folder / "questions.json"  # the sparse task: unsolved questions the final policy solves
     if questions.exists():
         record = json.loads(questions.read_text())
@@ -327,19 +328,9 @@ def run_figures(folder: Path) -> dict:
     }
 
 
+# The sparse task's runs keep their learning-signal means (verl_ext.cpu.learning_signal.run_means) here, written when
+# the run finishes from its probe records (which the recorded runs do not keep); a swatch run's table reads none.
 SIGNAL_FILE = "signal.json"
-
-
-def _signal(folder: Path) -> dict | None:
-    """The run's learning-signal means (:func:`verl_ext.cpu.learning_signal.run_means`), from its
-    :data:`SIGNAL_FILE` (written when the run finished) or its probe records; ``None`` without either."""
-    if (folder / SIGNAL_FILE).exists():
-        return json.loads((folder / SIGNAL_FILE).read_text())
-    if (folder / "probe").is_dir():
-        from verl_ext.cpu.learning_signal import run_means, signal_figures
-
-        return run_means(signal_figures(str(folder)))
-    return None
 
 
 def _first_reaching(curve: tuple[list[int], list[float]], target: float) -> int | None:
