@@ -2,7 +2,7 @@
 
 The yaml in ``recipe/diva_grpo/config/diva_grpo.yaml`` is the user-facing source of truth; these
 dataclasses give every consumer (advantage, difficulty service, dataset, trainer) the same typed
-values and the paper's defaults (DESIGN.md sections 3 to 5); each consumer checks the ranges it needs.
+values and the paper's defaults (docs/algo/diva_grpo.md); each consumer checks the ranges it needs.
 
 Use :func:`diva_config_from` to build a :class:`DivaConfig` from a ``DictConfig``, a plain dict or
 ``None`` (all defaults). Unknown keys raise, so a typo in an override never passes silently.
@@ -18,7 +18,7 @@ from verl.base_config import BaseConfig
 
 @dataclass
 class AdvantageConfig(BaseConfig):
-    """Knobs of :func:`verl_ext.algos.compute_diva_advantage` (DESIGN.md section 3)."""
+    """Knobs of :func:`verl_ext.algos.compute_diva_advantage` (docs/algo/diva_grpo.md)."""
 
     k: float = 0.1
     local_coef: float = 1.0
@@ -31,7 +31,7 @@ class AdvantageConfig(BaseConfig):
 
 @dataclass
 class DifficultyConfig(BaseConfig):
-    """Per-question difficulty tracking (DESIGN.md sections 3 and 4)."""
+    """Per-question difficulty tracking (docs/algo/diva_grpo.md)."""
 
     # "continuous" (paper: D + eta * (0.5 - alpha)) or "binned" (authors' released five-bin table).
     rule: str = "continuous"
@@ -51,7 +51,7 @@ class DifficultyConfig(BaseConfig):
 
 @dataclass
 class VariantConfig(BaseConfig):
-    """Variant planning and online image perturbation (DESIGN.md sections 3 and 4)."""
+    """Variant planning and online image perturbation (docs/algo/diva_grpo.md)."""
 
     variants_per_question: int = 1
     # "paper" or "released".

@@ -165,7 +165,7 @@ def test_paper_mode_worked_example():
 @pytest.mark.parametrize("size", [2, 5, 8])
 @pytest.mark.parametrize("value", [0.0, 1.0])
 def test_released_mode_gives_one_over_sqrt_g_plus_one(size, value):
-    """One virtual sample of the opposite outcome, unbiased std over G+1: |A| = 1/sqrt(G+1) (METHODS.md)."""
+    """One virtual sample of the opposite outcome, unbiased std over G+1: |A| = 1/sqrt(G+1) (docs/algo/avspo.md)."""
     rewards = torch.full((size, 3), 0.0, dtype=torch.float64)
     rewards[:, -1] = value
     advantages, _ = compute_avspo_advantage(rewards, torch.ones(size, 3), ["g"] * size, mode="released", epsilon=0.0)

@@ -14,7 +14,7 @@ from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage, compute_
 from verl_ext.algos import compute_diva_advantage
 
 # ---------------------------------------------------------------------------------------------------------------
-# The reference: DESIGN.md section 3 written out one response at a time, in Python floats.
+# The reference: docs/algo/diva_grpo.md written out one response at a time, in Python floats.
 # ---------------------------------------------------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ from verl_ext.algos import compute_durian_advantage, durian_metrics
 from verl_ext.algos.durian import exact_rank_quantiles, perceptual_buckets, reasoning_buckets
 
 # ---------------------------------------------------------------------------------------------------------------
-# The reference: METHODS.md section 3 / issue 10 written out one response at a time, in Python floats and exact
+# The reference: docs/algo/durian.md / issue 10 written out one response at a time, in Python floats and exact
 # fractions for the quantiles.
 # ---------------------------------------------------------------------------------------------------------------
 

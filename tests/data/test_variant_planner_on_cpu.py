@@ -1,4 +1,4 @@
-"""Variant planners against their tables (DESIGN.md sections 3 and 4), variety over slots, fallbacks."""
+"""Variant planners against their tables (docs/algo/diva_grpo.md), variety over slots, fallbacks."""
 
 import json
 import math

@@ -1,4 +1,4 @@
-"""Difficulty update rules against slow, obvious references (DESIGN.md sections 3 and 4)."""
+"""Difficulty update rules against slow, obvious references (docs/algo/diva_grpo.md)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""The AVSPO advantage: virtual samples for collapsed groups (He et al., arXiv 2605.21125; METHODS.md section 1).
+"""The AVSPO advantage: virtual samples for collapsed groups (He et al., arXiv 2605.21125; docs/algo/avspo.md).
 
 For response ``i`` of group ``g = index[i]``, ``s_i = sum_t token_level_rewards[i, t]``::
 

@@ -1,5 +1,5 @@
-"""The CoDaPO advantage: confidence- and difficulty-weighted GRPO (Zhou et al., arXiv 2606.07950; METHODS.md
-section 2), as the authors' code computes it (``tmlr-group/CoDaPO``, ``core_algos.compute_codapo_advantage``).
+"""The CoDaPO advantage: confidence- and difficulty-weighted GRPO (Zhou et al., arXiv 2606.07950;
+docs/algo/codapo.md), as the authors' code computes it (``tmlr-group/CoDaPO``, ``core_algos.compute_codapo_advantage``).
 
 For response ``i`` of group ``g = index[i]`` (a prompt's rollouts), ``s_i = sum_t token_level_rewards[i, t]``::
 

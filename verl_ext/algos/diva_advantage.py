@@ -1,4 +1,4 @@
-"""The DIVA-GRPO advantage (DESIGN.md section 3; paper arXiv 2603.01106, section 3.3).
+"""The DIVA-GRPO advantage (docs/algo/diva_grpo.md; paper arXiv 2603.01106, section 3.3).
 
 For response ``i`` answering prompt ``p(i)``, the original or a variant of question ``q(i)``::
 
@@ -14,7 +14,7 @@ For response ``i`` answering prompt ``p(i)``, the original or a variant of quest
 
 Order of operations: z-score, then batch normalisation, then difficulty weighting, then RRB. This
 is the paper's reading and what the authors' released code does for the weighting ("after
-normalisation", DESIGN.md section 4): batch normalisation must come before the weighting (the sign
+normalisation", docs/algo/diva_grpo.md, fidelity): batch normalisation must come before the weighting (the sign
 it tests is the sign of the normalised advantage) and before RRB (normalising afterwards would undo
 the rescaling). Weighting and RRB are both positive factors, so their relative order does not matter.
 

@@ -1,4 +1,4 @@
-"""Durian: difficulty-aware group normalisation (J. Li et al., arXiv 2602.21743, section 3; METHODS.md section 3).
+"""Durian: difficulty-aware group normalisation (J. Li et al., arXiv 2602.21743, section 3; docs/algo/durian.md).
 
 For response ``i`` of prompt ``p(i)`` (the prompts are verl's ``uid`` groups of this batch)::
 

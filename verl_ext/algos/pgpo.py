@@ -1,4 +1,4 @@
-"""PGPO: token-level advantages from visual dependency (paper arXiv 2604.01840, Eqs. 1-8; METHODS.md section 4).
+"""PGPO: token-level advantages from visual dependency (paper arXiv 2604.01840, Eqs. 1-8; docs/algo/pgpo.md).
 
 Each response's GRPO advantage is spread over its tokens by how much each token depends on the image. For
 response ``i`` with response tokens ``t`` (``response_mask[i, t] == 1``, ``n_i`` of them)::

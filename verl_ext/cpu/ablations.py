@@ -1,6 +1,6 @@
 """DIVA-GRPO's additions to GRPO, each removable by config: the identity check and the seed sweep's ablations.
 
-DIVA-GRPO is GRPO (a z-score over each prompt's responses) plus five additions (DESIGN.md section 3):
+DIVA-GRPO is GRPO (a z-score over each prompt's responses) plus five additions (docs/algo/diva_grpo.md):
 
 * ``variants``: each question also asked as difficulty-matched variants (``diva.variants.variants_per_question``);
   removed, the question's one prompt gets the variants' responses too (the same responses per question);

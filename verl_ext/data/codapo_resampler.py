@@ -1,4 +1,4 @@
-"""CoDaPO's resampling: every training batch is used twice, fresh and then resampled (METHODS.md section 2).
+"""CoDaPO's resampling: every training batch is used twice, fresh and then resampled (docs/algo/codapo.md).
 
 The authors' trainer (``tmlr-group/CoDaPO``, ``codapo/ray_trainer.py``) serves each dataloader batch on two
 consecutive steps. After the fresh step's advantage, with ``w`` the CoDaPO weight of each prompt group

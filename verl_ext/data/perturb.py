@@ -1,4 +1,4 @@
-"""Online image perturbations for DIVA's harder variants (DESIGN.md sections 3 and 4).
+"""Online image perturbations for DIVA's harder variants (docs/algo/diva_grpo.md).
 
 Every perturbation is a pure function ``f(image, **params) -> image`` on an RGB ``PIL.Image``:
 

@@ -10,7 +10,7 @@ a question are planned together (they can differ from one another) and every dra
 the worker that builds slot ``j`` recomputes the same list and takes entry ``j - 1``. High D = hard.
 A variant's difficulty is ``clip(D + shift, d_min, d_max)`` (:meth:`VariantPlan.difficulty`).
 
-``paper`` (the default; DESIGN.md section 3) moves each variant towards the middle difficulty
+``paper`` (the default; docs/algo/diva_grpo.md) moves each variant towards the middle difficulty
 ``mid = (d_min + d_max) / 2``, where the paper says the optimisation signal is strongest:
 
 =================================  =================================================================
@@ -28,7 +28,7 @@ A variant's difficulty is ``clip(D + shift, d_min, d_max)`` (:meth:`VariantPlan.
                                    harder questions); ``shift = -step * (D - mid)``
 =================================  =================================================================
 
-``released`` follows the authors' code (DESIGN.md section 4): slot 1 takes the shift of the table
+``released`` follows the authors' code (docs/algo/diva_grpo.md, fidelity): slot 1 takes the shift of the table
 ``D -> shift`` = 1:+8, 2:+6, 3:+4, 4:+2, 5:+1, 6:-1, 7:-2, 8:-3, 9:-5 (``D`` rounded, clipped to 1..9);
 further slots draw ``round(N(shift, 1))`` clipped to [-8, 8]. A shift then maps to a variant:
 

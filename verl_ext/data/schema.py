@@ -32,7 +32,7 @@ import pyarrow as pa
 
 IMAGE_PLACEHOLDER = "<image>"
 
-# DESIGN.md section 5: reasoning inside <think> </think>, final answer in \boxed{}.
+# The paper's prompt format: reasoning inside <think> </think>, final answer in \boxed{}.
 PROMPT_SUFFIX = (
     "You FIRST think about the reasoning process as an internal monologue and then provide the final answer. "
     "The reasoning process MUST BE enclosed within <think> </think> tags. "

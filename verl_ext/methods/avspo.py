@@ -19,7 +19,7 @@ NAME = "avspo"
 
 @dataclass
 class AvspoConfig(BaseConfig):
-    """Knobs of :func:`verl_ext.algos.compute_avspo_advantage` (METHODS.md section 1; issue part 1's reading)."""
+    """Knobs of :func:`verl_ext.algos.compute_avspo_advantage` (docs/algo/avspo.md; issue part 1's reading)."""
 
     # "paper": K = max(1, min(G, ceil(G * ACR**alpha))) stratified/anchored virtual scores; "released": the
     # authors' shipped rule, one virtual score of the opposite reward.

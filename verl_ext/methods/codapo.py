@@ -24,7 +24,7 @@ NAME = "codapo"
 
 @dataclass
 class CodapoConfig(BaseConfig):
-    """CoDaPO's knobs (METHODS.md section 2; the authors' code's defaults)."""
+    """CoDaPO's knobs (docs/algo/codapo.md; the authors' code's defaults)."""
 
     # Floor added to confidence x V_d, so every group keeps some signal: w in [offset, 1 + offset].
     weight_offset: float = 0.1

@@ -20,7 +20,7 @@ NAME = "durian"
 
 @dataclass
 class DurianConfig(BaseConfig):
-    """Durian's knobs (METHODS.md section 3). The paper does not state its main run's weights or bucket count:
+    """Durian's knobs (docs/algo/durian.md). The paper does not state its main run's weights or bucket count:
     these defaults are its best ablation rows (Table 3 for the weights, Table 2 for the buckets)."""
 
     # Weight of verl's GRPO term (Eq. 20).

@@ -75,7 +75,7 @@ def rollout_correction_overrides(rollout_is: str | None = ROLLOUT_IS, threshold:
 
 @dataclass
 class NoiseContrastiveConfig(BaseConfig):
-    """NC-GRPO's knobs (METHODS.md section 6). The paper (abstract only) states none of their values."""
+    """NC-GRPO's knobs (docs/algo/noise_contrastive_grpo.md). The paper (abstract only) states none of their values."""
 
     # c in h~_p = h_p + c * (||h_p|| / sqrt(d)) * xi_p. ||xi_p|| ~ sqrt(d), so each displacement's norm is
     # ~ c * ||h_p||: c is the relative size of the kick. Not stated by the paper; chosen by measured branching

@@ -22,7 +22,7 @@ NAME = "pgpo"
 
 @dataclass
 class PgpoConfig(BaseConfig):
-    """PGPO's knobs (arXiv 2604.01840, Eqs. 1-8; METHODS.md section 4)."""
+    """PGPO's knobs (arXiv 2604.01840, Eqs. 1-8; docs/algo/pgpo.md)."""
 
     # Gate threshold on the normalised dependency I: below it tokens are damped (w = I / tau), above amplified.
     tau: float = 0.4

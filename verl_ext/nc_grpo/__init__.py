@@ -1,6 +1,6 @@
 """NC-GRPO (``noise_contrastive_grpo``): latent noise on the prompt for a seeded part of each group.
 
-The method changes only the rollouts (METHODS.md section 6; docs/algo/noise_contrastive_grpo.md). For a flagged
+The method changes only the rollouts (docs/algo/noise_contrastive_grpo.md). For a flagged
 request the prompt is displaced once, in the prefill pass: ``h~_p = h_p + c * (||h_p|| / sqrt(d)) * xi_p``, ``xi_p ~
 N(0, I)`` from a seed of (run seed, step, prompt uid, response index). By default (``target=layer_input``) ``h_p`` is
 the residual stream entering the last decoder layer at every prompt position: that layer's keys and values of the
