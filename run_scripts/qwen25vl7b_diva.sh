@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# DIVA-GRPO on Qwen2.5-VL-7B-Instruct with the paper's hyperparameters (DESIGN.md section 5).
+# DIVA-GRPO on Qwen2.5-VL-7B-Instruct with the paper's hyperparameters (docs/algo/diva_grpo.md).
 # Every value below can be overridden by the environment variable of the same name; extra Hydra
 # overrides can be appended as arguments. DRY_RUN=1 runs the CPU preflight instead of training.
 #   bash run_scripts/qwen25vl7b_diva.sh                      # train (needs GPUs or RAY_ADDRESS)
@@ -9,6 +9,8 @@
 set -euo pipefail
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=run_scripts/_numbers.sh
+. "$REPO_ROOT/run_scripts/_numbers.sh"
 # The job runs in Ray's copy of the code (without data/ and checkpoints/): paths are made absolute here.
 # On a remote cluster they must name storage that the cluster's nodes see.
 abspath() { case "$1" in /*|*://*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
@@ -20,6 +22,7 @@ NNODES="${NNODES:-1}"
 N_GPUS_PER_NODE="${N_GPUS_PER_NODE:-8}"
 VARIANTS_PER_QUESTION="${VARIANTS_PER_QUESTION:-1}"
 QUESTIONS_PER_STEP="${QUESTIONS_PER_STEP:-64}"
+need_count NNODES N_GPUS_PER_NODE VARIANTS_PER_QUESTION QUESTIONS_PER_STEP
 # data.train_batch_size counts prompts: questions x (original + variants).
 TRAIN_BATCH_SIZE="${TRAIN_BATCH_SIZE:-$((QUESTIONS_PER_STEP * (1 + VARIANTS_PER_QUESTION)))}"
 ROLLOUT_N="${ROLLOUT_N:-5}"
@@ -43,6 +46,9 @@ EXPERIMENT_NAME="${EXPERIMENT_NAME:-qwen25vl7b_diva_v${VARIANTS_PER_QUESTION}}"
 CKPT_DIR="$(abspath "${CKPT_DIR:-$REPO_ROOT/checkpoints/${PROJECT_NAME}/${EXPERIMENT_NAME}}")"
 SAVE_FREQ="${SAVE_FREQ:-50}"
 TEST_FREQ="${TEST_FREQ:-25}"
+need_count TRAIN_BATCH_SIZE ROLLOUT_N TOTAL_EPOCHS MAX_PROMPT_LENGTH MAX_RESPONSE_LENGTH MAX_PIXELS TP_SIZE
+need_int SAVE_FREQ TEST_FREQ
+need_number LR WEIGHT_DECAY CLIP_LOW CLIP_HIGH TEMPERATURE VAL_TEMPERATURE VAL_TOP_P DIFFICULTY_K
 ADV_ESTIMATOR="${ADV_ESTIMATOR:-diva_grpo}"
 TRAINER_MODE="${TRAINER_MODE:-diva_grpo}"
 # Metrics go to the console and to verl's file logger (JSONL, read by diva-report). That logger truncates its file

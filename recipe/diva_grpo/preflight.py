@@ -33,7 +33,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 
-from recipe.diva_grpo.prelaunch import DEFAULT_DATA_FILES
+from recipe.diva_grpo.prelaunch import _as_list, uses_synthetic_data
 from verl_ext.cluster.batch_arithmetic import check_batch_arithmetic
 from verl_ext.config import diva_config_from
 from verl_ext.rollout.request_retry import requests_config
@@ -52,27 +52,32 @@ def _log(msg: str) -> None:
     print(f"[preflight] {msg}", flush=True)
 
 
-def _ensure_data(config: DictConfig, workdir: str) -> tuple[str, str]:
-    train, val = str(config.data.train_files), str(config.data.val_files)
-    missing = [path for path in (train, val) if not os.path.exists(path)]
-    if not missing:
-        return train, val
-    named = [path for path in missing if not path.endswith(DEFAULT_DATA_FILES)]
-    if named:
-        raise PreflightError(
-            f"data file(s) {named} not found. Prepare them with `diva-prep convert` / `diva-prep variants`, or leave "
-            "TRAIN_FILES and VAL_FILES unset to preflight on a synthetic set"
-        )
+def _ensure_data(config: DictConfig, workdir: str) -> tuple[str, str, bool]:
+    """The files the preflight reads: the user's, or (no data named at all) a synthetic set written into
+    ``workdir``; returns ``(train, val, synthetic)``. The launcher made the same choice (``uses_synthetic_data``)."""
+    train, val = config.data.train_files, config.data.val_files
+    try:
+        synthetic = uses_synthetic_data(train, val)
+    except ValueError as err:
+        raise PreflightError(str(err)) from None
+    if not synthetic:
+        missing = [path for path in _as_list(train) + _as_list(val) if "://" not in path and not os.path.exists(path)]
+        if missing:
+            raise PreflightError(
+                f"data file(s) {missing} not found. Prepare them with `diva-prep convert` / `diva-prep variants`, or "
+                "leave TRAIN_FILES and VAL_FILES unset to preflight on a synthetic set"
+            )
+        return train, val, False
     from data_prep.synth import synth
 
-    _log(f"no data prepared yet at {missing}: writing a synthetic set into {workdir}")
+    _log(f"no data named: writing a synthetic set into {workdir} (not your data)")
     train = os.path.join(workdir, "synth_train.parquet")
     val = os.path.join(workdir, "synth_val.parquet")
     synth(train, 48, seed=0, split="train")
     synth(val, 8, seed=1, split="test")
     if config.algorithm.adv_estimator == "durian":
         train = _with_visual_entropy(train, workdir)
-    return train, val
+    return train, val, True
 
 
 def _with_visual_entropy(train: str, workdir: str) -> str:
@@ -95,7 +100,7 @@ def preflight_config(config: DictConfig, workdir: str) -> DictConfig:
     cfg = deepcopy(config)
     diva = cfg.trainer.v1.trainer_mode == DIVA_MODE
     group = 1 + diva_config_from(cfg.diva).variants.variants_per_question if diva else 1
-    train, val = _ensure_data(cfg, workdir)
+    train, val, _ = _ensure_data(cfg, workdir)
     with open_dict(cfg):
         cfg.data.train_files = train
         cfg.data.val_files = val
@@ -274,6 +279,7 @@ def run_preflight(config: DictConfig) -> dict:
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     cfg = preflight_config(config, workdir)
     OmegaConf.resolve(cfg)
+    synthetic = cfg.data.train_files != config.data.train_files
     _log(
         f"config OK: adv_estimator={cfg.algorithm.adv_estimator}, trainer_mode={cfg.trainer.v1.trainer_mode}, "
         f"variants_per_question={cfg.diva.variants.variants_per_question}, rollout.n={cfg.actor_rollout_ref.rollout.n}"
@@ -348,8 +354,12 @@ def run_preflight(config: DictConfig) -> dict:
     _log("summary " + json.dumps(summary, default=str))
     _log(f"full log (third-party warnings included): {full_log}")
     _log(f"plots of this run: diva-report {workdir} --output {os.path.join(workdir, 'report')}")
-    if diva:
-        _log("PASSED: config, data, variants, reward, difficulty service, DIVA steps, checkpoint and resume")
-    else:
-        _log(f"PASSED: config, data, reward, {cfg.algorithm.adv_estimator} steps, checkpoint and resume")
+    method = cfg.algorithm.adv_estimator
+    checked = "variants, reward, difficulty service, DIVA steps" if diva else f"reward, {method} steps"
+    data = "a synthetic set (no data named: not your data)" if synthetic else f"your data ({_files(config)})"
+    _log(f"PASSED on {data}: config, data, {checked}, checkpoint and resume")
     return summary
+
+
+def _files(config: DictConfig) -> str:
+    return f"train {', '.join(_as_list(config.data.train_files))}; val {', '.join(_as_list(config.data.val_files))}"

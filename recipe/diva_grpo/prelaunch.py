@@ -1,37 +1,45 @@
 """What the launcher checks on this machine before any Ray process starts: ``python -m recipe.diva_grpo.prelaunch``.
 
 ``run_scripts/_submit.sh`` runs it with the job's Hydra overrides, before ``ray start``. In about a second it
-refuses the data files the job would refuse a minute later (same checks, same messages:
-:mod:`verl_ext.data.file_checks`): a file that is missing or not readable parquet, a training file without the DIVA
-columns, the same file as training and validation data; and a batch that verl would assert on once the model has
-loaded (:mod:`verl_ext.cluster.batch_arithmetic`), printing the rows each rank gets in every pass. It also creates
-the folder of verl's metrics log (``VERL_FILE_LOGGER_PATH``, set by the launcher), which verl's file logger does not
-create itself.
+refuses what the job would refuse a minute later, naming the argument or the file:
 
-Only the recipe yaml and the overrides are composed (verl's defaults are not loaded: that imports verl and torch,
-tens of seconds); the job composes the full config and checks again.
+1. the job's final config (:mod:`recipe.diva_grpo.job_config`: verl's and the recipe's schema, every method block,
+   the overrides given): a malformed override, an unknown key, a value of the wrong type;
+2. the data files (same checks, same messages as the job's dataset: :mod:`verl_ext.data.file_checks`): every file
+   the user named exists, is parquet, has the columns its role needs, and training and validation differ;
+3. a batch that verl would assert on once the model has loaded (:mod:`verl_ext.cluster.batch_arithmetic`),
+   printing the rows each rank gets in every pass.
 
-- ``DRY_RUN=1`` (``diva.dry_run=true``): the recipe's default data files may be missing (the preflight then writes
-  a synthetic set); files the user named must exist.
+It also creates the folder of verl's metrics log (``VERL_FILE_LOGGER_PATH``, set by the launcher), which verl's
+file logger does not create itself.
+
+- ``DRY_RUN=1`` (``diva.dry_run=true``) with no data named at all (the recipe's default files, absent): the
+  preflight runs on a synthetic set, and the first line says so (``--closing-note FILE``: the launcher's last line
+  too). A file the user named is always the one checked: a named training file beside an absent default
+  validation file is refused, never replaced.
 - ``RAY_ADDRESS`` set (a remote cluster): files absent from this machine are left to the job, which runs where
-  the cluster's storage is.
+  the cluster's storage is; the line says which.
 
-Exit status 0 when the files pass, 2 with ``error: <message>`` on stderr otherwise.
+Neither verl, torch nor Ray is imported. Exit status 0 when the checks pass, 2 with ``error: <message>`` on stderr
+otherwise.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
-CONFIG_PATH = Path(__file__).resolve().parent / "config" / "diva_grpo.yaml"
 LOGGER_PATH_KEY = "ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH"
 DIVA_DATASET = "DivaDataset"
 # The recipe's data files when the user names none (launcher and yaml defaults). Only these may be missing in a
 # preflight, which then uses a synthetic set; a file the user named must exist.
 DEFAULT_DATA_FILES = ("data/diva_train.parquet", "data/diva_val.parquet")
+SYNTHETIC_NOTE = (
+    "no data named (TRAIN_FILES and VAL_FILES unset, {defaults} absent): this preflight runs on a synthetic set, "
+    "not on your data; name TRAIN_FILES and VAL_FILES to check yours"
+)
 
 
 def _log(msg: str) -> None:
@@ -39,21 +47,12 @@ def _log(msg: str) -> None:
 
 
 def launch_config(overrides: list[str]):
-    """The recipe yaml with the Hydra ``overrides`` applied (``key=v``, ``+key=v``, ``++key=v``, ``~key``)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from omegaconf import OmegaConf
+    """The job's final config with the Hydra ``overrides`` applied
+    (:func:`~recipe.diva_grpo.job_config.compose_job_config`: a ``ValueError`` names the argument of a malformed
+    override, an unknown key or a wrong type)."""
+    from recipe.diva_grpo.job_config import compose_job_config
 
-    cfg = OmegaConf.load(CONFIG_PATH)
-    for override in OverridesParser.create().parse_overrides(overrides):
-        key = override.key_or_group
-        if override.is_delete():
-            parent, _, leaf = key.rpartition(".")
-            node = OmegaConf.select(cfg, parent) if parent else cfg
-            if node is not None and leaf in node:
-                del node[leaf]
-            continue
-        OmegaConf.update(cfg, key, override.value(), merge=False, force_add=True)
-    return cfg
+    return compose_job_config(overrides)
 
 
 def _as_list(files) -> list[str]:
@@ -62,6 +61,28 @@ def _as_list(files) -> list[str]:
     if isinstance(files, str):
         return [files]
     return [str(f) for f in files]
+
+
+def _is_default(path: str) -> bool:
+    return path.endswith(DEFAULT_DATA_FILES)
+
+
+def uses_synthetic_data(train_files, val_files) -> bool:
+    """Whether a preflight runs on the synthetic set: only when no data was named at all (every file is one of the
+    recipe's defaults, and none exists). A named file beside an absent default is refused (``ValueError``), never
+    replaced: the preflight checks the user's data or says it does not."""
+    files = _as_list(train_files) + _as_list(val_files)
+    absent = [path for path in files if _is_default(path) and not os.path.exists(path)]
+    if not absent:
+        return False
+    if len(absent) == len(files):
+        return True
+    named = [path for path in files if path not in absent]
+    raise ValueError(
+        f"the data file(s) {named} are named but {absent} (the recipe's default) does not exist: name the "
+        "training and the validation files both (TRAIN_FILES and VAL_FILES, two different parquet files), or "
+        "neither for a preflight on a synthetic set"
+    )
 
 
 def check_launch(overrides: list[str], remote: bool | None = None) -> dict:
@@ -78,21 +99,32 @@ def check_launch(overrides: list[str], remote: bool | None = None) -> dict:
     val = _as_list(OmegaConf.select(cfg, "data.val_files"))
     diva = OmegaConf.select(cfg, "data.custom_cls.name") == DIVA_DATASET
     dry_run = bool(OmegaConf.select(cfg, "diva.dry_run", default=False))
+    synthetic = dry_run and uses_synthetic_data(train, val)
     skip: list[str] = []
-    for path in train + val:
-        if "://" in path or os.path.exists(path):
-            continue
-        if dry_run and path.endswith(DEFAULT_DATA_FILES):
-            skip.append(os.path.abspath(path))  # the preflight writes a synthetic set instead
-        elif remote:
-            skip.append(os.path.abspath(path))  # on the cluster's storage, not this machine's: the job checks it
-    report = check_data_files(train, val, diva=diva, skip=skip)
+    if synthetic:
+        skip = [os.path.abspath(path) for path in train + val]  # the preflight writes a synthetic set instead
+    elif remote:
+        # on the cluster's storage, not this machine's: the job checks it
+        skip = [os.path.abspath(path) for path in train + val if "://" not in path and not os.path.exists(path)]
+    prompt_key = OmegaConf.select(cfg, "data.prompt_key", default="prompt") or "prompt"
+    report = check_data_files(train, val, diva=diva, skip=skip, prompt_key=prompt_key)
+    report["synthetic"] = synthetic
+    report["defaults"] = train + val
     # The rows each training rank gets in every pass, refused here when verl would assert on them after the model
     # loaded (verl_ext/cluster/batch_arithmetic.py).
     report["batch"] = check_batch_arithmetic(cfg).lines()
     # The preflight writes its own logs into its work folder: no run folder to create for it.
     report["metrics_log"] = None if dry_run else OmegaConf.select(cfg, LOGGER_PATH_KEY)
     return report
+
+
+def data_lines(report: dict) -> list[str]:
+    """What the data check says, one line per file (its role and rows), or that no data was named."""
+    if report.get("synthetic"):
+        return [SYNTHETIC_NOTE.format(defaults=" and ".join(report["defaults"]))]
+    lines = [f"{report['split'][path]} data {path}: {report['rows'][path]} rows, OK" for path in report["checked"]]
+    lines += [f"data {path}: not on this machine, left to the job (which checks it)" for path in report["skipped"]]
+    return lines
 
 
 def prepare_metrics_log(path: str | None) -> None:
@@ -106,21 +138,28 @@ def prepare_metrics_log(path: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    overrides = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m recipe.diva_grpo.prelaunch", description=__doc__.splitlines()[0])
+    parser.add_argument("--closing-note", default=None, help="write what the launcher's last line must repeat here")
+    parser.add_argument("overrides", nargs=argparse.REMAINDER, help="the job's Hydra overrides")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    overrides = args.overrides[1:] if args.overrides[:1] == ["--"] else args.overrides
     started = time.perf_counter()
     try:
         report = check_launch(overrides)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
+        elapsed = time.perf_counter() - started
+        print(f"[diva] refused in {elapsed:.1f} s, before any Ray process started", file=sys.stderr)
         return 2
     prepare_metrics_log(report["metrics_log"])
-    checked = ", ".join(report["checked"]) or "none"
-    line = f"data files OK in {time.perf_counter() - started:.1f} s: {checked}"
-    if report["skipped"]:
-        line += f" (left to the job: {', '.join(report['skipped'])})"
-    _log(line)
+    for line in data_lines(report):
+        _log(line)
+    if report["synthetic"] and args.closing_note:
+        with open(args.closing_note, "w") as f:
+            f.write(data_lines(report)[0] + "\n")
     for line in report["batch"]:
         _log(f"batch: {line}")
+    _log(f"config and data checked in {time.perf_counter() - started:.1f} s")
     return 0
 
 

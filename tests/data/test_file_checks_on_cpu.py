@@ -59,14 +59,33 @@ def test_missing_file_names_it(parquet_files, tmp_path):
     assert "does not exist" in prelaunch_error(tmp_path / "nope.parquet", val)
 
 
-def test_good_files_pass_and_plain_verl_runs_check_readability_only(parquet_files, tmp_path):
+def test_good_files_pass_and_plain_verl_runs_check_verls_columns_only(parquet_files, tmp_path):
     train, val, _ = parquet_files
     report = check_data_files(str(train), [str(val)], diva=True)
     assert sorted(report["checked"]) == sorted(normalised_files([train, val]))
+    assert report["rows"] == {str(train): pq.read_metadata(train).num_rows, str(val): pq.read_metadata(val).num_rows}
     plain = tmp_path / "plain.parquet"
     pq.write_table(pq.read_table(train).drop_columns(["paraphrases"]), plain)
-    # verl's own dataset (the GRPO baseline): DIVA columns and distinct files are not required
-    assert check_data_files(str(plain), str(plain), diva=False)["checked"] == [str(plain)] * 2
-    # URLs and json files are verl's to read
-    report = check_data_files(["hdfs://x/train.parquet"], [str(tmp_path / "v.jsonl")], diva=True)
-    assert report == {"checked": [], "skipped": ["hdfs://x/train.parquet", str(tmp_path / "v.jsonl")]}
+    # verl's own dataset (the GRPO baseline): the DIVA columns are not required
+    assert check_data_files(str(plain), str(val), diva=False)["checked"] == [str(plain), str(val)]
+    # but training and validation differ for every method
+    with pytest.raises(ValueError, match="the same files"):
+        check_data_files(str(plain), str(plain), diva=False)
+    # URLs are copied by verl inside the job, which checks them there
+    report = check_data_files(["hdfs://x/train.parquet"], ["hdfs://x/val.parquet"], diva=True)
+    assert report["checked"] == [] and report["skipped"] == ["hdfs://x/train.parquet", "hdfs://x/val.parquet"]
+
+
+def test_a_file_that_is_not_parquet_is_refused_whatever_its_name(parquet_files, tmp_path):
+    train, val, _ = parquet_files
+    jsonl = tmp_path / "val.jsonl"
+    jsonl.write_text('{"prompt": "x"}\n')
+    with pytest.raises(ValueError, match=r"is not a parquet file: the recipe reads parquet") as err:
+        check_data_files(str(train), str(jsonl), diva=True)
+    assert str(jsonl) in str(err.value)
+    with pytest.raises(ValueError, match="is a folder"):
+        check_data_files(str(train), str(tmp_path), diva=True)
+    empty = tmp_path / "empty.parquet"
+    pq.write_table(pq.read_table(val).slice(0, 0), empty)
+    with pytest.raises(ValueError, match=f"data file {empty} has no rows"):
+        check_data_files(str(train), str(empty), diva=True)
