@@ -54,8 +54,17 @@ if ! command -v ray >/dev/null 2>&1; then
   exit 2
 fi
 
-# The data files, checked in about a second before any Ray process starts (the job checks them again).
-python -m recipe.diva_grpo.prelaunch "$@" || exit 2
+# The job's final config (verl's and the recipe's schema, the overrides given) and the data files, checked in about
+# a second before any Ray process starts (the job checks them again). A preflight on the synthetic set (no data
+# named) says so on its first line and, from the note file, on its last.
+CLOSING_NOTE="$(mktemp /tmp/diva_note_XXXXXX)"
+trap 'rm -f "$CLOSING_NOTE"' EXIT
+# Where the job's whole output goes (recipe/diva_grpo/submit.py decides; every attempt writes the same file), and
+# Ray's logs beside it when the launch fails.
+DIVA_JOB_LOG="$(python -m recipe.diva_grpo.submit --print-log-path -- "$@")"
+export DIVA_JOB_LOG
+RAY_LOGS_DIR="${DIVA_JOB_LOG%.log}_ray"
+python -m recipe.diva_grpo.prelaunch --closing-note "$CLOSING_NOTE" "$@" || exit 2
 
 HEAD_PID=""
 RAY_TMP=""
@@ -72,10 +81,20 @@ cleanup() {
   for pid in "${NODE_PIDS[@]}" "$HEAD_PID"; do
     [ -n "$pid" ] && wait "$pid" 2>/dev/null || true
   done
-  # Keep the head's logs only when something failed. Ray's workers can still write their session files for a moment
-  # after the head stops, and rm then fails with "Directory not empty": retry, and never let the removal change the
-  # job's exit status (under set -e a failed rm here once turned a finished run into exit 1).
-  if [ -n "$RAY_TMP" ] && [ "$status" -eq 0 ]; then
+  # A failed launch keeps Ray's logs beside the job's log (RAY_LOGS_DIR), not in /tmp. Ray's workers can still write
+  # their session files for a moment after the head stops, and rm then fails with "Directory not empty": retry, and
+  # never let the removal change the job's exit status (under set -e a failed rm here once turned a finished run into
+  # exit 1).
+  if [ -n "$RAY_TMP" ] && [ "$status" -ne 0 ] && [ -n "${RAY_LOGS_DIR:-}" ]; then
+    if mkdir -p "$RAY_LOGS_DIR" 2>/dev/null; then
+      cp "$RAY_TMP"/*.log "$RAY_LOGS_DIR"/ 2>/dev/null || true
+      cp -rL "$RAY_TMP/session_latest/logs" "$RAY_LOGS_DIR/session_logs" 2>/dev/null || true
+      echo "[diva] Ray's logs of this launch: $RAY_LOGS_DIR" >&2
+    else
+      RAY_LOGS_DIR=""
+    fi
+  fi
+  if [ -n "$RAY_TMP" ] && { [ "$status" -eq 0 ] || [ -n "${RAY_LOGS_DIR:-}" ]; }; then
     for _ in 1 2 3 4 5; do
       rm -rf "$RAY_TMP" 2>/dev/null && break
       sleep 1
@@ -83,7 +102,11 @@ cleanup() {
     if [ -e "$RAY_TMP" ]; then
       echo "[diva] note: Ray's temp folder $RAY_TMP is still in use and was kept; remove it later" >&2
     fi
+  elif [ -n "$RAY_TMP" ]; then
+    echo "[diva] Ray's logs of this launch: $RAY_TMP" >&2
   fi
+  if [ -s "$CLOSING_NOTE" ]; then echo "[diva] $(cat "$CLOSING_NOTE")"; fi
+  rm -f "$CLOSING_NOTE"
   exit "$status"
 }
 trap cleanup EXIT
@@ -226,6 +249,10 @@ while :; do
   if [ "$status" -eq 0 ]; then
     [ "$attempt" -gt 1 ] && echo "[diva] attempt $attempt finished the job after $((attempt - 1)) restart(s)"
     break
+  fi
+  if [ "$status" -eq 2 ]; then  # submit.py refused before submitting (an unreachable cluster): nothing to retry
+    echo "error: the job was not submitted (above)" >&2
+    exit 2
   fi
   if [ "$attempt" -gt "$MAX_RESTARTS" ] || [ "${DRY_RUN:-0}" = "1" ]; then
     echo "error: the job failed at $(date -u +%FT%TZ) (exit $status) on attempt $attempt; MAX_RESTARTS=$MAX_RESTARTS" >&2

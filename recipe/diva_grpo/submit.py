@@ -71,19 +71,19 @@ def _override(command: list[str], key: str) -> str | None:
 def job_log_path(command: list[str], environ, stamp: str | None = None) -> str:
     """Where the job's full log goes:
 
-    1. ``$DIVA_JOB_LOG`` (``run_scripts/tiny_cpu.sh``: ``RUN_DIR/job.log``);
-    2. a preflight (``diva.dry_run=true``): ``$DIVA_PREFLIGHT_DIR``, else the temp folder (a dry run writes nothing
-       into the run's folders, as :mod:`recipe.diva_grpo.prelaunch` does not);
+    1. ``$DIVA_JOB_LOG`` (``run_scripts/tiny_cpu.sh``: ``RUN_DIR/job.log``; ``run_scripts/_submit.sh`` sets it from
+       this function once per launch, so that every attempt writes one file);
+    2. a preflight (``diva.dry_run=true``) with ``$DIVA_PREFLIGHT_DIR`` set (the tests): there;
     3. next to verl's metrics log (the launchers' ``METRICS_LOG``, ``CKPT_DIR/logs/metrics_<time>_<pid>.jsonl``):
-       ``job_<time>_<pid>.log``, one file for every attempt of a launch (``MAX_RESTARTS``);
+       ``job_<time>_<pid>.log`` (a preflight's too: ``CKPT_DIR/logs`` is where the README sends every job's log);
     4. ``<trainer.default_local_dir>/logs/``;
     5. the temp folder.
     """
     if environ.get(JOB_LOG_ENV):
         return os.path.abspath(environ[JOB_LOG_ENV])
     stamp = stamp or f"{dt.datetime.now(dt.UTC).strftime('%Y%m%dT%H%M%SZ')}_{os.getpid()}"
-    if (_override(command, "diva.dry_run") or "").lower() == "true":
-        return os.path.join(environ.get(PREFLIGHT_DIR_ENV) or tempfile.gettempdir(), f"diva_job_{stamp}.log")
+    if (_override(command, "diva.dry_run") or "").lower() == "true" and environ.get(PREFLIGHT_DIR_ENV):
+        return os.path.join(environ[PREFLIGHT_DIR_ENV], f"diva_job_{stamp}.log")
     metrics_log = _override(command, LOGGER_PATH_KEY)
     if metrics_log:
         stem = os.path.splitext(os.path.basename(metrics_log))[0]
@@ -114,7 +114,9 @@ def reason(message: str, max_lines: int = 40) -> str:
     if not lines:
         return ""
     if lines[0].startswith(RAY_LOGS_REPEATED):
-        return lines[0]
+        # Ray's line ends "..., last available logs (truncated to 20,000 chars):" before the logs it repeats.
+        first = lines[0].split(", last available logs", 1)[0].rstrip(":, ")
+        return f"{first} (its output is above and in the full log)"
     kept = lines[:max_lines]
     if len(lines) > max_lines:
         kept.append(f"... ({len(lines) - max_lines} more lines in the full log)")
@@ -128,11 +130,17 @@ async def _follow(client, job_id: str, console: JobConsole) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--address", required=True, help="the cluster's dashboard address, e.g. http://head:8265")
-    parser.add_argument("--runtime-env", required=True, help="the job's runtime env (yaml)")
+    parser.add_argument("--address", help="the cluster's dashboard address, e.g. http://head:8265")
+    parser.add_argument("--runtime-env", help="the job's runtime env (yaml)")
+    parser.add_argument("--print-log-path", action="store_true", help="print where the job's log goes, and stop")
     parser.add_argument("entrypoint", nargs=argparse.REMAINDER, help="-- the command the job runs")
     args = parser.parse_args(argv)
     command = args.entrypoint[1:] if args.entrypoint[:1] == ["--"] else args.entrypoint
+    if args.print_log_path:
+        print(job_log_path(command, os.environ))
+        return 0
+    if not args.address or not args.runtime_env:
+        parser.error("--address and --runtime-env are required to submit")
     if not command:
         parser.error("no command after --")
     from ray.job_submission import JobStatus, JobSubmissionClient
@@ -148,7 +156,15 @@ def main(argv: list[str] | None = None) -> int:
         runtime_env, names = job_runtime_env(args.runtime_env, command, os.environ)
         if names:
             _say(f"forwarding to the job by name (values not shown): {', '.join(names)}", console)
-        client = JobSubmissionClient(args.address)
+        try:
+            client = JobSubmissionClient(args.address)
+        except ConnectionError as err:
+            print(
+                f"error: cannot reach a Ray cluster at {args.address} ({str(err).splitlines()[0]}); set RAY_ADDRESS to "
+                "the cluster's dashboard address (e.g. http://head:8265), or unset it to run on this machine",
+                file=sys.stderr,
+            )
+            return 2
         job_id = client.submit_job(entrypoint=shlex.join(command), runtime_env=runtime_env)
         _say(f"job {job_id} submitted to {args.address} (ray job logs / status / stop {job_id})", console)
 

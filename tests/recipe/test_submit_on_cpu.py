@@ -21,7 +21,8 @@ LOGGER_PATH = "+ray_kwargs.ray_init.runtime_env.env_vars.VERL_FILE_LOGGER_PATH"
         ([f"{LOGGER_PATH}=/elsewhere/mine.jsonl"], {}, "/elsewhere/mine_job.log"),
         # the last override wins, as in Hydra
         (["trainer.default_local_dir=/a", "trainer.default_local_dir=/b"], {}, "/b/logs/job_STAMP.log"),
-        # a dry run writes nothing into the run's folders
+        # a preflight's log goes where the README sends every job's log (the tests keep theirs in DIVA_PREFLIGHT_DIR)
+        ([f"{LOGGER_PATH}=/ck/logs/metrics_1.jsonl", "diva.dry_run=true"], {}, "/ck/logs/job_1.log"),
         (
             [f"{LOGGER_PATH}=/ck/logs/metrics_1.jsonl", "diva.dry_run=true"],
             {"DIVA_PREFLIGHT_DIR": "/pre"},
@@ -119,13 +120,17 @@ def test_verbose_shows_the_whole_stream_and_no_second_tail(tmp_path, monkeypatch
 
 def test_rays_own_failure_reason_is_shown_whole_and_its_copy_of_the_logs_not():
     copied = "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):\nx\ny"
-    assert (
-        submit.reason(copied)
-        == "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):"
-    )
+    # Ray's line announces logs it repeats; the console shows the job's last lines itself, so the line says so
+    assert submit.reason(copied) == "Job entrypoint command failed with exit code 1 (its output is above and in the full log)"
     setup = "runtime_env setup failed:\nFailed to set up runtime environment.\nRuntimeEnvSetupError: pip failed"
     assert submit.reason(setup) == setup
     assert submit.reason("\n".join(f"line {i}" for i in range(50)), max_lines=3) == (
         "line 0\nline 1\nline 2\n... (47 more lines in the full log)"
     )
     assert submit.reason("") == ""
+
+
+def test_the_launcher_asks_where_the_log_goes(capsys, monkeypatch):
+    monkeypatch.delenv("DIVA_JOB_LOG", raising=False)
+    assert submit.main(["--print-log-path", "--", "python", f"{LOGGER_PATH}=/ck/logs/metrics_7.jsonl"]) == 0
+    assert capsys.readouterr().out == "/ck/logs/job_7.log\n"
