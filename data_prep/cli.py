@@ -14,6 +14,7 @@ from pathlib import Path
 
 from data_prep.errors import PrepError
 from data_prep.layouts import LAYOUT_NAMES
+from verl_ext.version import version_line
 
 EXAMPLES = """examples:
   diva-prep synth --output synth.parquet --n 64
@@ -157,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log retries and cache details")
+    parser.add_argument("--version", action="version", version=version_line("diva-prep"))
     subparsers = parser.add_subparsers(
         dest="command", required=True, metavar="{convert,variants,validate,synth,swatch,entropy}"
     )

@@ -4,7 +4,9 @@
 # Qwen2-VL) and the `diva-prep synth` set, submitted with
 # `ray job submit` to a local Ray head (one logical GPU). It trains STEPS steps, saves a checkpoint, resumes from it
 # for RESUME_STEPS more in a fresh trainer, checks the run (finite non-zero loss and gradient, rollout log-probs
-# equal to the actor's after each weight sync, difficulty state restored) and prints a summary. A few minutes.
+# equal to the actor's after each weight sync, difficulty state restored), prints a summary (every figure in
+# RUN_DIR/summary.json) and writes the run's report (diva-report: RUN_DIR/report/report.md and its figures). A few
+# minutes.
 # The console shows the run's own lines and one line per step; the job's whole output is RUN_DIR/job.log
 # (VERBOSE=1 shows it on the console too).
 # RESUME_STEPS=0 trains STEPS steps and stops (no resume, no checks); SAVE_FREQ (default STEPS) is verl's
@@ -32,6 +34,8 @@ set -euo pipefail
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO_ROOT"
 abspath() { case "$1" in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+# shellcheck source=run_scripts/_numbers.sh
+. "$REPO_ROOT/run_scripts/_numbers.sh"
 
 METHOD="${METHOD:-diva}"
 ROLLOUT="${ROLLOUT:-hf_cpu}"
@@ -41,6 +45,8 @@ SAVE_FREQ="${SAVE_FREQ:-$STEPS}"
 NODES="${NODES:-1}"
 GPUS_PER_NODE="${GPUS_PER_NODE:-1}"
 TP="${TP:-1}"
+need_count STEPS RESUME_STEPS NODES GPUS_PER_NODE TP
+need_int SAVE_FREQ
 WORKDIR="$(abspath "${WORKDIR:-$REPO_ROOT/outputs/tiny_cpu}")"
 RUN_DIR="$(abspath "${RUN_DIR:-$WORKDIR/run_$(date +%Y%m%d_%H%M%S)_$$}")"
 case "$ROLLOUT" in
@@ -55,17 +61,24 @@ case "$ROLLOUT" in
     ;;
   *) echo "error: ROLLOUT=$ROLLOUT: expected hf_cpu (default) or vllm" >&2; exit 2 ;;
 esac
+NEW_RUN_DIR=0
+[ -e "$RUN_DIR" ] || NEW_RUN_DIR=1
 mkdir -p "$RUN_DIR"
 
-# One source for the settings (verl_ext/cpu/launch.py): builds the model and data once, prints the overrides
-# (ROLLOUT=vllm: those the GPU launcher has no variable for, and the launcher's variables in launcher_env.txt).
+# One source for the settings (verl_ext/cpu/launch.py): checks them (METHOD, WITHOUT, the cluster's shape) before it
+# builds anything, builds the model and data once, prints the overrides (ROLLOUT=vllm: those the GPU launcher has no
+# variable for, and the launcher's variables in launcher_env.txt). A refused setting leaves no run folder behind.
 python -m verl_ext.cpu.launch --workdir "$WORKDIR" --run-dir "$RUN_DIR" --method "$METHOD" --steps "$STEPS" \
   --save-freq "$SAVE_FREQ" --without "${WITHOUT:-}" --rollout "$ROLLOUT" --nodes "$NODES" --gpus-per-node "$GPUS_PER_NODE" --tp "$TP" \
   --launcher-env-out "$RUN_DIR/launcher_env.txt" --arch "${TINY_ARCH:-qwen2_5_vl}" ${USE_REMOVE_PADDING:+--use-remove-padding} \
   --precision "${PRECISION:-fp32}" \
-  --runtime-env-out "$RUN_DIR/runtime_env.yaml" >"$RUN_DIR/overrides.txt"
+  --runtime-env-out "$RUN_DIR/runtime_env.yaml" >"$RUN_DIR/overrides.txt" || {
+  status=$?
+  [ "$NEW_RUN_DIR" = 1 ] && rm -rf "$RUN_DIR"
+  exit "$status"
+}
 mapfile -t ARGS <"$RUN_DIR/overrides.txt"
-ARGS+=("+cpu_run.resume_steps=$RESUME_STEPS")
+ARGS+=("+cpu_run.resume_steps=$RESUME_STEPS" "+cpu_run.summary_path=$RUN_DIR/summary.json")
 
 # CPU mode of the shared submit script: no GPU check, a local cluster of NODES nodes with GPUS_PER_NODE logical GPUs
 # each, this job's runtime env. VERL_PLATFORM=cpu also goes to the nodes themselves, so that every process they start
@@ -76,7 +89,9 @@ export DIVA_LAUNCHER="${DIVA_LAUNCHER:-run_scripts/tiny_cpu.sh}"
 # The job's whole output (verl's config dump, every actor's lines) goes to the run folder; the console shows the
 # run's own lines, one line per step and errors (recipe/diva_grpo/console.py); VERBOSE=1 shows everything.
 export DIVA_JOB_LOG="$RUN_DIR/job.log"
-echo "[cpu] run folder $RUN_DIR (rollout $ROLLOUT; $NODES node(s) x $GPUS_PER_NODE GPU(s), rollout TP $TP)"
+# The CPU cluster's "GPUs" are logical: Ray's resource name for a training rank, each a CPU process here.
+echo "[cpu] run folder $RUN_DIR (rollout $ROLLOUT; $NODES Ray node(s) x $GPUS_PER_NODE training rank(s) on the CPU," \
+  "rollout TP $TP)"
 # vLLM's engine processes die with the job, leaving their shared-memory segments behind: remove those no process
 # has open once the run is over (verl_ext/cpu/shared_memory.py).
 SHM_MARK="$RUN_DIR/.shm_before"
@@ -93,4 +108,11 @@ else
 fi
 # The run folder is what diva-report reads: metrics/<project>/<experiment>.jsonl and its _resumed part (merged into
 # one run), the checkpoints' difficulty states, the validation before training and at the last step.
-echo "[cpu] report: diva-report $RUN_DIR --output $RUN_DIR/report"
+if [ "$RESUME_STEPS" != 0 ]; then
+  diva-report "$RUN_DIR" --output "$RUN_DIR/report" >"$RUN_DIR/report.log" 2>&1 || {
+    cat "$RUN_DIR/report.log" >&2
+    echo "error: diva-report could not write the run's report (above; $RUN_DIR/report.log)" >&2
+    exit 1
+  }
+  echo "[cpu] report: $RUN_DIR/report/report.md (figures beside it)"
+fi

@@ -25,7 +25,7 @@ from verl_ext.cluster.batch_arithmetic import check_batch_arithmetic
 from verl_ext.cluster.storage import check_resume, check_shared_folder
 from verl_ext.cpu import cpu_mode_requested
 from verl_ext.cpu.probe import PROBE_ENV, install_probe
-from verl_ext.cpu.session import format_summary, pop_cpu_run_block, train_then_resume
+from verl_ext.cpu.session import format_summary, pop_cpu_run_block, train_then_resume, write_summary
 from verl_ext.metrics_log import keep_previous_log, metrics_log_path
 
 
@@ -118,7 +118,10 @@ def main(config: DictConfig) -> None:
         require_gpus()
     if cpu_run.get("resume_steps"):
         summary = train_then_resume(config, train, int(cpu_run["resume_steps"]))
-        print(format_summary(summary), flush=True)
+        summary_path = cpu_run.get("summary_path")
+        if summary_path:
+            write_summary(summary, summary_path)
+        print(format_summary(summary, summary_path), flush=True)
         print("[cpu] PASSED: real rollouts, rewards, actor updates, weight sync, checkpoint and resume", flush=True)
         return
     train(config)

@@ -71,7 +71,9 @@ def _checked_method(method: str) -> str:
     from verl_ext.methods import METHODS
 
     if not _is_diva(method) and method not in METHODS:
-        raise ValueError(f"--method {method!r}: expected diva, grpo or a toolkit method {sorted(METHODS)}")
+        raise ValueError(
+            f"METHOD={method} (--method): expected diva, grpo or a toolkit method: {', '.join(sorted(METHODS))}"
+        )
     return method
 
 
@@ -213,8 +215,9 @@ def method_overrides(method: str, questions: int, rollout_n: int, without: tuple
         from verl_ext.methods import get_method
 
         if without:
-            removed = " ".join(without)
-            raise ValueError(f"--without {removed}: only DIVA-GRPO's additions can be removed, not {method}'s")
+            raise ValueError(
+                f"WITHOUT={' '.join(without)} (--without): only DIVA-GRPO's additions can be removed, not {method}'s"
+            )
         estimator, trainer_mode = method, get_method(method).trainer_mode
     if trainer_mode == "diva_grpo":
         variants = 0 if "variants" in without else 1
@@ -647,7 +650,9 @@ def main(argv: list[str] | None = None) -> int:
         shape.check(args.rollout)
         method_overrides(args.method, args.questions, args.rollout_n, without)
     except ValueError as err:
-        parser.error(str(err))
+        # The launcher's own words (its variables), not this module's usage: nothing was built or written yet.
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     paths = prepare(args.workdir, args.arch)
     run_dir = os.path.abspath(args.run_dir or os.path.join(args.workdir, "run"))
     if args.rollout == "vllm":

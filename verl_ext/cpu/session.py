@@ -213,8 +213,49 @@ def nc_grpo_noise(config: DictConfig) -> dict | None:
     return {"scale": float(knobs.noise_scale), "target": knobs.target, "layer": int(knobs.layer)}
 
 
-def format_summary(summary: dict) -> str:
-    return "[cpu] summary " + json.dumps(summary, default=str)
+def _figure(value, digits: int = 4) -> str:
+    return "-" if value is None else f"{value:.{digits}g}" if isinstance(value, float) else str(value)
+
+
+def format_summary(summary: dict, json_path: str | None = None) -> str:
+    """The run's summary for a person: a header, one line per step, the run's checks; the whole of it (every
+    figure) is ``json_path``, written by :func:`write_summary`."""
+    steps = summary["steps"]
+    lines = [
+        f"[cpu] summary: {summary['method']} (trainer {summary['trainer_mode']}), steps {steps[0]}-{steps[-1]}, "
+        f"resumed from {summary['resumed_from']}" + (f", {summary['seconds']} s" if "seconds" in summary else ""),
+        "[cpu]   step  pg_loss     grad_norm   score   logprob_gap  step_s",
+    ]
+    for e in summary["per_step"]:
+        lines.append(
+            f"[cpu]   {e['step']:>4}  {_figure(e['pg_loss']):<10}  {_figure(e['grad_norm']):<10}  "
+            f"{_figure(e['score_mean'], 3):<6}  {_figure(e['logprob_gap'], 2):<11}  {_figure(e['step_s'], 3)}"
+        )
+    if "difficulty_mean" in summary:
+        local, other = summary.get("collapse_rate_local"), summary.get("collapse_rate_global")
+        restored = summary.get("questions_tracked")
+        lines.append(
+            f"[cpu]   difficulty mean {_figure(summary['difficulty_mean'], 3)}, collapse rate local "
+            f"{_figure(local, 3)}, global {_figure(other, 3)}"
+            + (f"; {restored} questions' difficulty restored on resume" if restored is not None else "")
+        )
+    check = summary.get("logprob_check")
+    if check:
+        lines.append(
+            f"[cpu]   vLLM rollout vs actor log-probs, steps {check['steps']}: mean gap "
+            f"{_figure(check['rollout_gap_mean'], 2)} (max {_figure(check['rollout_gap_max'], 2)})"
+        )
+    if json_path:
+        lines.append(f"[cpu]   every figure: {json_path}")
+    return "\n".join(lines)
+
+
+def write_summary(summary: dict, path: str) -> None:
+    """The summary as JSON at ``path`` (the run folder's ``summary.json``: what tests and scripts read)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(summary, f, indent=1, default=str)
+        f.write("\n")
 
 
 def pop_cpu_run_block(config: DictConfig) -> dict:

@@ -213,6 +213,7 @@ def build_tiny_vlm(folder: str, seed: int = 0, arch: str = DEFAULT_ARCH) -> str:
         Qwen2VLProcessor,
         Qwen2VLVideoProcessor,
     )
+    from transformers.utils import logging as hf_logging
 
     check_arch(arch)
     marker = os.path.join(folder, "tiny_model.json")
@@ -235,7 +236,14 @@ def build_tiny_vlm(folder: str, seed: int = 0, arch: str = DEFAULT_ARCH) -> str:
     model.generation_config.suppress_tokens = vision_token_ids(config)
     model.generation_config.eos_token_id = config.text_config.eos_token_id
     model.generation_config.pad_token_id = config.text_config.pad_token_id
-    model.save_pretrained(folder)
+    # transformers draws a "Writing model shards" progress bar for a model of a few MB, before the launcher's header.
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(folder)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     image_processor = Qwen2VLImageProcessor(
         min_pixels=MIN_PIXELS, max_pixels=MAX_PIXELS, patch_size=PATCH_SIZE, merge_size=MERGE_SIZE
     )

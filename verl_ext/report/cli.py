@@ -19,6 +19,7 @@ from pathlib import Path
 
 from verl_ext.report.logs import ReportError
 from verl_ext.report.run import Run, group_resumed, load_run, unique_names
+from verl_ext.version import version_line
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: diva-report checkpoints/diva_grpo/qwen25vl7b_grpo_n10 "
         "checkpoints/diva_grpo/qwen25vl7b_diva_v1 --output reports/diva_vs_grpo",
     )
+    parser.add_argument("--version", action="version", version=version_line("diva-report"))
     parser.add_argument("runs", nargs="+", type=Path, help="run folders (CKPT_DIR of a launch) or metrics .jsonl")
     parser.add_argument("--output", "-o", required=True, type=Path, help="folder to write report.md and figures")
     parser.add_argument("--names", default=None, help="comma-separated names of the runs (default: folder names)")
