@@ -105,8 +105,8 @@ cleanup() {
   elif [ -n "$RAY_TMP" ]; then
     echo "[diva] Ray's logs of this launch: $RAY_TMP" >&2
   fi
-  if [ -s "$CLOSING_NOTE" ]; then echo "[diva] $(cat "$CLOSING_NOTE")"; fi
-  rm -f "$CLOSING_NOTE"
+  if [ -s "${CLOSING_NOTE:-}" ]; then echo "[diva] $(cat "$CLOSING_NOTE")"; fi
+  if [ -n "${CLOSING_NOTE:-}" ]; then rm -f "$CLOSING_NOTE" 2>/dev/null || true; fi
   exit "$status"
 }
 trap cleanup EXIT

@@ -12,6 +12,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_advantage.py"
 
 
+@pytest.mark.launch  # a benchmark script in a fresh interpreter: the launch tier
 def test_quick_benchmark_prints_its_figures_as_json():
     result = subprocess.run([sys.executable, str(BENCH), "--quick"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

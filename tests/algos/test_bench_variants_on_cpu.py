@@ -13,6 +13,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_variants.py"
 BASELINES = {"grpo", "grpo_vectorized"}
 
 
+@pytest.mark.launch  # a benchmark script in a fresh interpreter: the launch tier
 def test_quick_benchmark_prints_its_figures_as_json():
     result = subprocess.run([sys.executable, str(BENCH), "--quick"], capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

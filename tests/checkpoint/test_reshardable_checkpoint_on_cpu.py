@@ -40,6 +40,9 @@ from verl_ext.checkpoint.reshardable import (
     saved_world_sizes,
 )
 
+# Starts a process group and fresh interpreters that import verl: the launch tier (pytest -m launch; CI runs it).
+pytestmark = pytest.mark.launch
+
 VOCAB = 53
 SAVED_AT_STEP = 2
 RESHARD_LOG = "resharded the actor's checkpoint from world size {} to {}"

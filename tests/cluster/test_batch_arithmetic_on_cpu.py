@@ -196,5 +196,5 @@ def test_method_passes_and_dynamic_batch_size():
 def test_sequence_and_rollout_parallel_sizes_must_divide_the_world():
     with pytest.raises(BatchArithmeticError, match=re.escape("tensor_model_parallel_size: 2 or 4")):
         batch_plan(launch_config(["trainer.n_gpus_per_node=4", f"{_AR}.rollout.tensor_model_parallel_size=3"]))
-    cfg = launch_config(["trainer.n_gpus_per_node=4", f"+{_AR}.actor.ulysses_sequence_parallel_size=2"])
+    cfg = launch_config(["trainer.n_gpus_per_node=4", f"{_AR}.actor.ulysses_sequence_parallel_size=2"])
     assert batch_plan(cfg).dp == 2 and math.prod([batch_plan(cfg).replicas]) == 4

@@ -5,9 +5,12 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.launch  # a benchmark script in a fresh interpreter: the launch tier
 def test_bench_dataset_quick_prints_json_last():
     proc = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "bench_dataset.py"), "--quick"],

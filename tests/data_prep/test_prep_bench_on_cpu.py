@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.launch  # a benchmark script in a fresh interpreter: the launch tier
 def test_bench_prep_quick():
     completed = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "bench_prep.py"), "--quick"],

@@ -225,3 +225,14 @@ def test_convert_is_deterministic(tmp_path):
         assert main([*argv, "--workers", workers]) == 0
         outputs.append(out.read_bytes())
     assert outputs[0] == outputs[1]
+
+
+def test_the_clis_say_their_version_and_verls():
+    import subprocess
+    import sys
+
+    for module, prog in (("data_prep.cli", "diva-prep"), ("verl_ext.report.cli", "diva-report")):
+        code = f"import sys; from {module} import main; sys.exit(main(['--version']))"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith(f"{prog} ") and "(diva-grpo-verl; verl 0.9.1)" in out.stdout

@@ -12,6 +12,9 @@ from verl_ext.difficulty import STATE_FILENAME, DifficultyStateFileError, save_s
 from verl_ext.difficulty.service import DifficultyService, actor_name
 from verl_ext.difficulty.shared_table import SharedDifficultyTable
 
+# Starts Ray, a process group or a fresh interpreter that imports verl: the launch tier (pytest -m launch; CI runs it).
+pytestmark = pytest.mark.launch
+
 NAMESPACE = "diva_test_difficulty_service"
 
 

@@ -1,6 +1,7 @@
 """A page that names a test says how that test runs, and the test exists.
 
-CI runs every test but those marked ``extended`` (``.ci/run``: ``-m "not gpu_stack"`` on the development stack, then
+CI runs every test but those marked ``extended`` (``.ci/run``: ``-m "not gpu_stack and not launch"`` and
+``-m "launch and not gpu_stack"`` on the development stack, then
 ``-m "gpu_stack and not extended"`` on the main job's). So, for each test file a page names (``tests/...py``,
 optionally ``::test_name``), in the paragraph or list item that names it:
 

@@ -180,3 +180,22 @@ def test_unknown_method_is_refused_with_the_known_ones():
 
     with pytest.raises(ValueError, match="toolkit method"):
         method_overrides("no_such_method", 2, 4)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"METHOD": "foo"}, "error: METHOD=foo (--method): expected diva, grpo or a toolkit method: avspo, codapo"),
+        ({"METHOD": "avspo", "WITHOUT": "rrb"}, "error: WITHOUT=rrb (--without): only DIVA-GRPO's additions"),
+        ({"STEPS": "three"}, "error: STEPS=three: expected a whole number"),
+    ],
+)
+def test_a_refused_setting_names_the_variable_and_leaves_no_run_folder(tmp_path, env, message):
+    run_env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "METHOD", "RUN_DIR", "WITHOUT")}
+    run_env.update(WORKDIR=str(tmp_path / "work"), **env)
+    out = subprocess.run(
+        ["bash", "run_scripts/tiny_cpu.sh"], cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert message in out.stderr and "usage:" not in out.stderr
+    assert list((tmp_path / "work").glob("run_*")) == []

@@ -173,21 +173,32 @@ def test_the_resumed_run_restored_difficulty_state_and_dataloader_position(run):
     assert run["summary"]["questions_tracked"] == len(begin["difficulty"])
 
 
-def test_the_run_folder_is_one_validated_run_for_diva_report(run, tmp_path):
-    """The launcher prints the report command; diva-report reads the folder as one run (the resumed part merged),
-    with the validation before training and at the last step."""
-    from verl_ext.report.cli import main as report
+def test_the_run_folder_is_one_validated_run_and_its_report_is_written(run):
+    """The launcher writes the run's report (diva-report) and names it; diva-report read the folder as one run (the
+    resumed part merged), with the validation before training and at the last step."""
     from verl_ext.report.run import load_run
     from verl_ext.report.series import validation_series
 
-    assert f"[cpu] report: diva-report {run['dir']} --output {run['dir']}/report" in run["output"]
+    report = run["dir"] / "report"
+    assert f"[cpu] report: {report}/report.md (figures beside it)" in run["output"]
+    for name in ("report.md", "validation.png", "training.png", "difficulty.png"):
+        assert (report / name).is_file(), name
     loaded = load_run(run["dir"])
     assert len(loaded.log.files) == 2  # the first part and the resumed one
     assert set(ALL_STEPS) <= set(loaded.log.steps)
     (val_steps, _), *_ = validation_series(loaded.log).values()
     assert {0, STEPS, STEPS + RESUME_STEPS} <= set(val_steps.tolist())
-    assert report([str(run["dir"]), "--output", str(tmp_path / "report")]) == 0
-    assert (tmp_path / "report" / "validation.png").exists()
+
+
+def test_the_summary_is_read_by_a_person_and_kept_whole(run):
+    """A few short lines on the console (one per step), every figure in the run folder's summary.json."""
+    summary_lines = [line for line in run["output"].splitlines() if line.startswith("[cpu] summary") or
+                     line.startswith("[cpu]   ")]  # fmt: skip
+    assert len(summary_lines) >= 2 + len(ALL_STEPS) and all(len(line) <= 160 for line in summary_lines)
+    assert all(re.search(rf"^\[cpu\]\s+{step}\s+\S+", run["output"], re.M) for step in ALL_STEPS)
+    assert [entry["step"] for entry in run["summary"]["per_step"]] == ALL_STEPS
+    # the launch built its tiny model (a fresh WORKDIR) without transformers' progress bar before the header
+    assert run["output"].startswith("[cpu] run folder") and "Writing model shards" not in run["output"]
 
 
 def test_the_console_is_the_runs_own_lines_and_the_job_log_holds_everything(run):

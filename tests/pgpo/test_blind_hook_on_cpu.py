@@ -34,6 +34,9 @@ from verl_ext.pgpo.tiny import (
     verl_batch,
 )
 
+# Starts Ray, a process group or a fresh interpreter that imports verl: the launch tier (pytest -m launch; CI runs it).
+pytestmark = pytest.mark.launch
+
 TRAJECTORIES = [
     Trajectory([5, 6, None, 7, 8], [10, 11, 12, 13], [(1, 4, 4)]),
     Trajectory([5, 9, 8], [20, 21, 22]),

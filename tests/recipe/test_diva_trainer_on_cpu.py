@@ -20,6 +20,9 @@ from verl_ext.algos import compute_diva_advantage
 from verl_ext.difficulty.persistence import checkpoint_state_path
 from verl_ext.reward import compute_score
 
+# Starts Ray, a process group or a fresh interpreter that imports verl: the launch tier (pytest -m launch; CI runs it).
+pytestmark = pytest.mark.launch
+
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "recipe", "diva_grpo", "config")
 QUESTIONS = 12
 QUESTIONS_PER_STEP = 4

@@ -11,6 +11,11 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
+# Starts Ray, a process group or a fresh interpreter that imports verl: the launch tier (pytest -m launch; CI runs it).
+pytestmark = pytest.mark.launch
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = textwrap.dedent(

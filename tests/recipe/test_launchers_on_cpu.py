@@ -148,6 +148,7 @@ def test_runtime_env_ships_code_without_history_data_or_secrets(tmp_path):
     assert shipped == {"verl_ext/config.py", "recipe/diva_grpo/trainer.py", "run_scripts/qwen25vl7b_diva.sh"}
 
 
+@pytest.mark.launch  # a Ray head, ray job submit and the preflight: the launch tier
 def test_preflight_through_ray_job_submit(tmp_path):
     """DRY_RUN=1 on a CPU machine: local Ray head on 127.0.0.1, `ray job submit`, preflight, exit 0, head stopped."""
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "TRAIN_FILES", "VAL_FILES")}
@@ -195,7 +196,9 @@ def test_launcher_paths_are_absolute():
     assert values["data.train_files"] == str(ROOT / "rel/train.parquet")
 
 
-def run_submit_cleanup(tmp_path: Path, rm_failures: int, job_status: int) -> tuple[subprocess.CompletedProcess, Path]:
+def run_submit_cleanup(
+    tmp_path: Path, rm_failures: int, job_status: int, logs_dir: Path | None = None
+) -> tuple[subprocess.CompletedProcess, Path]:
     """_submit.sh's own `cleanup` (cut out of the script, run under its `set -euo pipefail` as its EXIT trap) after a
     job that ended with `job_status`, with an `rm` that fails `rm_failures` times first, as it does while Ray's
     workers still write into their session folder ("Directory not empty")."""
@@ -203,7 +206,10 @@ def run_submit_cleanup(tmp_path: Path, rm_failures: int, job_status: int) -> tup
     start = script.index("cleanup() {")
     cleanup = script[start : script.index("\n}\n", start) + 3]
     ray_tmp = tmp_path / "diva_ray_test"
-    (ray_tmp / "session").mkdir(parents=True)
+    (ray_tmp / "session_1" / "logs").mkdir(parents=True)
+    (ray_tmp / "session_1" / "logs" / "raylet.out").write_text("raylet's log\n")
+    (ray_tmp / "session_latest").symlink_to(ray_tmp / "session_1")
+    (ray_tmp / "head.log").write_text("head's log\n")
     shim = tmp_path / "bin"
     shim.mkdir()
     counter = tmp_path / "rm_calls"
@@ -219,7 +225,8 @@ def run_submit_cleanup(tmp_path: Path, rm_failures: int, job_status: int) -> tup
     (shim / "sleep").chmod(0o755)
     body = (
         f"set -euo pipefail\n{cleanup}\n"
-        f'HEAD_PID=""\ndeclare -a NODE_PIDS=()\nRAY_TMP="{ray_tmp}"\ntrap cleanup EXIT\nexit {job_status}\n'
+        f'HEAD_PID=""\ndeclare -a NODE_PIDS=()\nRAY_TMP="{ray_tmp}"\nRAY_LOGS_DIR="{logs_dir or ""}"\n'
+        f"trap cleanup EXIT\nexit {job_status}\n"
     )
     env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"}
     return subprocess.run(["bash", "-c", body], env=env, capture_output=True, text=True), ray_tmp
@@ -238,7 +245,15 @@ def test_a_temp_folder_that_stays_busy_is_kept_with_a_note_and_exit_0(tmp_path):
     assert f"Ray's temp folder {ray_tmp} is still in use and was kept" in done.stderr
 
 
-def test_a_failed_job_keeps_its_status_and_rays_logs(tmp_path):
-    done, ray_tmp = run_submit_cleanup(tmp_path, rm_failures=0, job_status=3)
+def test_a_failed_job_keeps_its_status_and_rays_logs_beside_the_jobs_log(tmp_path):
+    logs = tmp_path / "ckpt" / "logs" / "job_1_ray"
+    done, ray_tmp = run_submit_cleanup(tmp_path, rm_failures=0, job_status=3, logs_dir=logs)
     assert done.returncode == 3
-    assert (ray_tmp / "session").is_dir()
+    assert (logs / "head.log").read_text() == "head's log\n"
+    assert (logs / "session_logs" / "raylet.out").read_text() == "raylet's log\n"
+    assert not ray_tmp.exists()  # nothing left in /tmp
+    assert f"Ray's logs of this launch: {logs}" in done.stderr
+    # where the job's log folder cannot be written, Ray's temp folder is kept and named
+    (tmp_path / "a_file").write_text("")
+    done, ray_tmp = run_submit_cleanup(tmp_path / "b", 0, 3, logs_dir=tmp_path / "a_file" / "x")
+    assert done.returncode == 3 and ray_tmp.exists() and f"Ray's logs of this launch: {ray_tmp}" in done.stderr

@@ -68,6 +68,7 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.mark.launch  # a Ray cluster and each method's preflight: the launch tier
 @pytest.mark.parametrize("method", TOOLKIT_LAUNCHERS)
 def test_method_preflight_passes(method, local_ray, tmp_path, monkeypatch, capsys):
     from recipe.diva_grpo.preflight import run_preflight
@@ -75,7 +76,15 @@ def test_method_preflight_passes(method, local_ray, tmp_path, monkeypatch, capsy
     monkeypatch.setenv("DIVA_PREFLIGHT_DIR", str(tmp_path))
     for name in ("TRAIN_FILES", "VAL_FILES", "MUPO_EMBEDDING_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
-    cfg = compose_overrides(launcher_overrides(f"run_scripts/qwen25vl7b_{method}.sh", DRY_RUN="1"))
+    named = {}
+    if method == "grpo":
+        from data_prep.synth import synth
+
+        train, val = tmp_path / "mine_train.parquet", tmp_path / "mine_val.parquet"
+        synth(str(train), 16, seed=0, split="train")
+        synth(str(val), 4, seed=1, split="test")
+        named = {"TRAIN_FILES": str(train), "VAL_FILES": str(val)}
+    cfg = compose_overrides(launcher_overrides(f"run_scripts/qwen25vl7b_{method}.sh", DRY_RUN="1", **named))
     summary = run_preflight(cfg)
     assert summary["steps"] == [1, 2, 3] and summary["method"] == method
     assert any(key.startswith(f"{method}/collapse_rate") for key in summary)
@@ -90,4 +99,9 @@ def test_method_preflight_passes(method, local_ray, tmp_path, monkeypatch, capsy
             if "noise_contrastive_grpo/advantage/mean" in line
         ]
         assert len(logged) == 3 and all(entry[f"{method}/noisy_fraction"] == 0.5 for entry in logged)
-    assert f"PASSED: config, data, reward, {method} steps, checkpoint and resume" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    if method == "grpo":  # on the user's files: the ones named, said so
+        assert f"PASSED on your data (train {train}; val {val}): config, data, reward, grpo steps" in out
+        assert "synthetic" not in out
+    else:
+        assert f"PASSED on a synthetic set (no data named: not your data): config, data, reward, {method} steps" in out

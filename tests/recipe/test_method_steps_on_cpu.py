@@ -31,6 +31,9 @@ from verl_ext.mupo import MupoConfig, add_sequence_bonus, decode_responses, mupo
 from verl_ext.mupo.hashing_embedder import HashingEmbedder
 from verl_ext.reward import compute_score
 
+# Starts Ray, a process group or a fresh interpreter that imports verl: the launch tier (pytest -m launch; CI runs it).
+pytestmark = pytest.mark.launch
+
 PROMPTS = 4
 N = 3
 

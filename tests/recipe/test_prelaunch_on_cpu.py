@@ -3,6 +3,7 @@ user's own files are the ones checked, and a preflight on the synthetic set says
 
 from __future__ import annotations
 
+import glob
 import os
 import subprocess
 import sys
@@ -37,11 +38,15 @@ def launch(tmp_path, **env) -> tuple[subprocess.CompletedProcess, float]:
     for name in ("TRAIN_FILES", "VAL_FILES"):
         run_env.pop(name, None)
     run_env.update(CKPT_DIR=str(tmp_path / "ckpt"), **env)
+    before = set(glob.glob("/tmp/diva_ray_*"))
     started = time.monotonic()
     out = subprocess.run(
         ["bash", "run_scripts/qwen25vl7b_diva.sh"], cwd=ROOT, env=run_env, capture_output=True, text=True, timeout=300
     )
-    return out, time.monotonic() - started
+    elapsed = time.monotonic() - started
+    print(f"launcher exited {out.returncode} in {elapsed:.1f} s")
+    assert set(glob.glob("/tmp/diva_ray_*")) == before  # no Ray head was started (its temp folder never made)
+    return out, elapsed
 
 
 def test_same_file_is_refused_before_any_ray_process(files, tmp_path):

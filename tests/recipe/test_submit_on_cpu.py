@@ -121,7 +121,8 @@ def test_verbose_shows_the_whole_stream_and_no_second_tail(tmp_path, monkeypatch
 def test_rays_own_failure_reason_is_shown_whole_and_its_copy_of_the_logs_not():
     copied = "Job entrypoint command failed with exit code 1, last available logs (truncated to 20,000 chars):\nx\ny"
     # Ray's line announces logs it repeats; the console shows the job's last lines itself, so the line says so
-    assert submit.reason(copied) == "Job entrypoint command failed with exit code 1 (its output is above and in the full log)"
+    expected = "Job entrypoint command failed with exit code 1 (its output is above and in the full log)"
+    assert submit.reason(copied) == expected
     setup = "runtime_env setup failed:\nFailed to set up runtime environment.\nRuntimeEnvSetupError: pip failed"
     assert submit.reason(setup) == setup
     assert submit.reason("\n".join(f"line {i}" for i in range(50)), max_lines=3) == (

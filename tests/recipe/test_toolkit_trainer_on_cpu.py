@@ -90,6 +90,7 @@ if "toolkit_probe" not in METHODS:
     )
 
 
+@pytest.mark.launch  # Ray and TransferQueue: the launch tier
 def test_every_declared_input_reaches_the_method_and_its_advantages_reach_the_actor(ray_and_tq, tmp_path, monkeypatch):
     write_synth_data(tmp_path)
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "metrics.jsonl"))

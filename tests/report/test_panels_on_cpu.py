@@ -4,6 +4,8 @@ series marked in their panel; one run keeps one panel."""
 
 from __future__ import annotations
 
+import json
+
 import matplotlib.colors as mcolors
 import numpy as np
 import pytest
@@ -157,3 +159,18 @@ def test_panel_grid_shape_and_shared_axes():
     assert all(ax.get_ylim() == axes[0].get_ylim() for ax in axes)
     # x labels where no panel stands below: the last row, and the panel over the hidden cell
     assert [bool(ax.get_xlabel()) for ax in axes] == [False, False, False, True, True, True, True]
+
+
+def test_validation_is_drawn_as_points_never_a_line_across_unvalidated_steps(tmp_path):
+    from verl_ext.report.figures import validation_figure
+    from verl_ext.report.run import load_run
+
+    metrics = tmp_path / "run" / "logs" / "metrics.jsonl"
+    metrics.parent.mkdir(parents=True)
+    entries = [(0, 0.0), (3, 1.0), (4, 1.0)]  # before training, at the last step, after a resumed step
+    metrics.write_text("".join(json.dumps({"step": s, "data": {"val-core/swatch/acc/mean@1": v}}) + "\n"
+                               for s, v in entries))  # fmt: skip
+    fig, _ = validation_figure([load_run(tmp_path / "run")])
+    lines = [line for ax in fig.axes for line in ax.get_lines()]
+    assert lines and all(line.get_linestyle() == "None" for line in lines)
+    assert list(lines[0].get_xdata()) == [0, 3, 4]

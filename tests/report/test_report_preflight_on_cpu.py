@@ -14,6 +14,9 @@ from PIL import Image
 from verl_ext.report.cli import main
 from verl_ext.report.run import load_run
 
+# Starts Ray, a process group or a fresh interpreter that imports verl: the launch tier (pytest -m launch; CI runs it).
+pytestmark = pytest.mark.launch
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

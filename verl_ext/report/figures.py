@@ -67,21 +67,10 @@ def _line(ax, steps, values, marker: str = "o", **style) -> None:
     ax.plot(steps, values, marker=marker, markevery=every, markersize=4, linewidth=1.6, **style)
 
 
-def validated_segments(steps: list, values: list) -> tuple[list, list]:
-    """``steps`` and ``values`` with a gap (``nan``) between two validations farther apart than the series' own
-    interval (its smallest step difference): a line is drawn only between validations at the usual interval, never
-    across steps that were not validated (a run validated before training and at its last step is two points)."""
-    if len(steps) < 3:
-        return list(steps), list(values)
-    interval = min(b - a for a, b in zip(steps, steps[1:], strict=False) if b > a)
-    xs, ys = [steps[0]], [values[0]]
-    for (a, b), value in zip(zip(steps, steps[1:], strict=False), values[1:], strict=True):
-        if b - a > interval:
-            xs.append((a + b) / 2)
-            ys.append(float("nan"))
-        xs.append(b)
-        ys.append(value)
-    return xs, ys
+def _points(ax, steps, values, marker: str = "o", **style) -> None:
+    # Validation scores are measured at a few steps only (before training, every test_freq steps, at the end):
+    # points, not a line, which would draw values at steps that were never validated.
+    ax.plot(steps, values, marker=marker, linestyle="none", markersize=5, **style)
 
 
 def _finish_axes(ax, ylabel: str, title: str, legend: bool = True) -> None:
@@ -322,7 +311,7 @@ def validation_figure(runs: list[Run]):
         )
         for index, (entry, title) in enumerate(zip(plotted, titles, strict=True)):
             ax = axes[index // columns][index % columns]
-            _line(ax, *validated_segments(entry["steps"], entry["values"]), color=_colour(0))
+            _points(ax, entry["steps"], entry["values"], color=_colour(0))
             _finish_axes(ax, "validation accuracy", title, legend=False)
         for index in range(len(benchmarks), rows * columns):
             axes[index // columns][index % columns].set_visible(False)
@@ -338,12 +327,12 @@ def validation_figure(runs: list[Run]):
         panels=benchmarks,
         size=(2.6, 1.8),
         best=best,
-        segments=validated_segments,
+        draw=_points,
     )
     return fig, plotted
 
 
-def _run_rows(runs, titles, plotted, suptitle, panels=None, size=P.ROW_PANEL_SIZE, best=None, segments=None):
+def _run_rows(runs, titles, plotted, suptitle, panels=None, size=P.ROW_PANEL_SIZE, best=None, draw=None):
     """Small multiples of several quantities: a row per run, a column per quantity (``panels``: their names in
     ``plotted``, default ``titles``); the baseline in grey in the other rows' panels, notes where runs coincide;
     ``best``: ``{panel: value}`` drawn dotted grey in every panel (the baseline's best)."""
@@ -366,8 +355,9 @@ def _run_rows(runs, titles, plotted, suptitle, panels=None, size=P.ROW_PANEL_SIZ
             if entry is None:
                 ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes, color="0.4")
             else:
-                xy = (entry["steps"], entry["values"])
-                _line(ax, *(segments(*xy) if segments else xy), color=P.run_colour(r), marker=MARKERS[r % len(MARKERS)])
+                (draw or _line)(
+                    ax, entry["steps"], entry["values"], color=P.run_colour(r), marker=MARKERS[r % len(MARKERS)]
+                )
                 others = same.get((panel, run.name, entry["label"]), [])
                 if others:  # the quantity's name moves left, the note stands right of it
                     ax.set_title("", loc="center")

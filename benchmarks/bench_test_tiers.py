@@ -1,0 +1,90 @@
+"""How long each test tier takes alone on this machine: ``python benchmarks/bench_test_tiers.py [--tiers ...]``.
+
+The README's development command must stay a matter of minutes; what is slower lives in tiers that CI runs
+(``.ci/run``). This script runs each tier's pytest command on this Python, one after the other (nothing else should
+run meanwhile: these machines are noisy), prints each tier's minutes and its share of the whole side by side, writes
+``benchmarks/results/test_tiers/properties.json`` (the figures the README quotes, with the commands, the machine and
+the date) and, as its last line, one JSON object with the figures.
+
+- ``development``: the README's command 1 (``-m "not gpu_stack and not launch"``);
+- ``launch``: ``-m "launch and not gpu_stack"`` (a Ray cluster, each method's preflight, the launchers);
+- ``gpu_stack``: ``-m "gpu_stack and not extended"``, on the main job's stack (``--gpu-stack-python``, the venv of
+  ``run_scripts/setup_vllm_cpu.sh``); left out without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "results" / "test_tiers" / "properties.json"
+TIERS = {
+    "development": "not gpu_stack and not launch",
+    "launch": "launch and not gpu_stack",
+    "gpu_stack": "gpu_stack and not extended",
+}
+# pytest's closing line: "1364 passed, 1 skipped, 259 deselected, 13 warnings in 262.32s (0:04:22)"
+SUMMARY = re.compile(r"^=*\s*(?P<text>\d+ passed[^=]*?) in [\d.]+s")
+
+
+def run_tier(python: str, marks: str) -> dict:
+    command = [python, "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider", "-m", marks]
+    env = {**os.environ, "DIVA_REQUIRE_VLLM": "1"} if "gpu_stack and" in marks else dict(os.environ)
+    started = time.perf_counter()
+    out = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    found = next((m for line in reversed(out.stdout.splitlines()) if (m := SUMMARY.search(line))), None)
+    if out.returncode != 0 or found is None:
+        sys.stderr.write(out.stdout[-4000:] + out.stderr[-2000:])
+        raise SystemExit(f"tier -m {marks!r} failed (exit {out.returncode}): fix it before timing it")
+    return {
+        "command": f'python -m pytest tests -q -m "{marks}"',
+        "seconds": round(seconds, 1),
+        "minutes": round(seconds / 60, 2),
+        "result": found.group("text"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiers", nargs="+", default=["development", "launch"], choices=sorted(TIERS))
+    parser.add_argument("--gpu-stack-python", default=None, help="the main job's stack's python, for gpu_stack")
+    parser.add_argument("--no-record", action="store_true", help="print only; do not write the results file")
+    args = parser.parse_args(argv)
+    tiers = list(args.tiers) + (["gpu_stack"] if args.gpu_stack_python and "gpu_stack" not in args.tiers else [])
+    figures: dict = {}
+    for tier in tiers:
+        python = args.gpu_stack_python if tier == "gpu_stack" else sys.executable
+        if tier == "gpu_stack" and not python:
+            raise SystemExit("--tiers gpu_stack needs --gpu-stack-python (the venv of run_scripts/setup_vllm_cpu.sh)")
+        print(f"tier {tier}: -m {TIERS[tier]!r} ...", flush=True)
+        figures[tier] = run_tier(python, TIERS[tier])
+    total = sum(f["seconds"] for f in figures.values())
+    print(f"{'tier':<12} {'minutes':>8} {'share':>7}  result")
+    for tier, f in figures.items():
+        print(f"{tier:<12} {f['minutes']:>8.2f} {f['seconds'] / total:>7.0%}  {f['result']}")
+    record = {
+        **figures,
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
+        "command": "python benchmarks/bench_test_tiers.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
+    if not args.no_record:
+        recorded = json.loads(OUT.read_text()) if OUT.exists() else {}
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+        OUT.write_text(json.dumps({**recorded, **record}, indent=1) + "\n")
+    print(json.dumps(record))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
