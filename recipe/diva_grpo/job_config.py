@@ -211,12 +211,13 @@ def compose_job_config(overrides: list[str]):
     :class:`ConfigError` naming the argument for a malformed override, an unknown key or a value of the wrong type.
     Imports neither verl nor torch."""
     from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
 
     base = _compose([])
     check_overrides(base, list(overrides))
     try:
         return _compose(list(overrides))
-    except HydraException as err:  # what the checks above do not foresee: Hydra's own words, first line
+    except (HydraException, OmegaConfBaseException) as err:  # what the checks above do not foresee: the first line
         raise ConfigError(f"the overrides do not compose: {str(err).splitlines()[0]}") from None
 
 
