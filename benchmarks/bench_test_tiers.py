@@ -46,34 +46,37 @@ def run_tier(python: str, marks: str) -> dict:
     started = time.perf_counter()
     out = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
-    found = next((m for line in reversed(out.stdout.splitlines()) if (m := SUMMARY.search(line))), None)
+    found = closing_line(out.stdout)
     if out.returncode != 0 or found is None:
         sys.stderr.write(out.stdout[-4000:] + out.stderr[-2000:])
         raise SystemExit(f"tier -m {marks!r} failed (exit {out.returncode}): fix it before timing it")
+    return tier_figures(marks, seconds, found.group("text"))
+
+
+def closing_line(output: str):
+    """pytest's closing line in ``output`` (its last one), as a :data:`SUMMARY` match; ``None`` without one."""
+    return next((m for line in reversed(output.splitlines()) if (m := SUMMARY.search(line))), None)
+
+
+def tier_figures(marks: str, seconds: float, result: str) -> dict:
     return {
         "command": f'python -m pytest tests -q -m "{marks}"',
         "seconds": round(seconds, 1),
         "minutes": round(seconds / 60, 2),
-        "result": found.group("text"),
+        "result": result,
     }
 
 
 def tier_from_log(tier: str, log: Path, record: bool) -> dict:
     """A tier's figures from pytest's closing line in ``log`` (a run of the tier's command alone)."""
-    found = next((m for line in reversed(log.read_text().splitlines()) if (m := SUMMARY.search(line))), None)
+    found = closing_line(log.read_text())
     if tier not in TIERS or found is None or " failed" in found.group("text"):
         raise SystemExit(f"{log}: no passing pytest closing line of a tier in {sorted(TIERS)} ({tier!r} given)")
     if record:
         OUT.parent.mkdir(parents=True, exist_ok=True)
         (OUT.parent / f"{tier}_pytest.log").write_text(log.read_text())
-    seconds = float(found.group("seconds"))
-    return {
-        "command": f'python -m pytest tests -q -m "{TIERS[tier]}"',
-        "seconds": round(seconds, 1),
-        "minutes": round(seconds / 60, 2),
-        "result": found.group("text"),
-        "from_log": f"benchmarks/results/test_tiers/{tier}_pytest.log",
-    }
+    figures = tier_figures(TIERS[tier], float(found.group("seconds")), found.group("text"))
+    return {**figures, "from_log": f"benchmarks/results/test_tiers/{tier}_pytest.log"}
 
 
 def main(argv: list[str] | None = None) -> int:

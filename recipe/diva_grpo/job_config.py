@@ -108,26 +108,22 @@ def _unknown_key(base, key: str, argument: str, index: int, plus: bool) -> Confi
     from omegaconf import DictConfig
 
     parts = key.split(".")
-    level, node = "", base
-    for depth, part in enumerate(parts):
-        if not isinstance(node, DictConfig) or part not in node:
-            break
-        level = ".".join(parts[: depth + 1])
-        node = node[part]
-    missing = parts[len(level.split(".")) if level else 0]
-    valid = sorted(node.keys()) if isinstance(node, DictConfig) else []
+    found, node = 0, base  # the levels of ``key`` that exist, and the deepest one's node
+    while isinstance(node, DictConfig) and parts[found] in node:
+        node = node[parts[found]]
+        found += 1
+    level, missing = ".".join(parts[:found]), parts[found]
+    named = f"argument {index} {argument!r}"
+    if not isinstance(node, DictConfig):
+        return ConfigError(f"{named}: '{level}' is the value {node!r}, not a mapping: it has no key {missing!r}")
+    valid = sorted(node.keys())
     where = f"under '{level}'" if level else "at the top level"
-    how = (
-        f"'{level}' is a typed block of the recipe, whose keys are fixed"
-        if plus
-        else "check the spelling; a key the config does not have cannot be set"
-    )
-    return ConfigError(
-        f"argument {index} {argument!r}: unknown key {missing!r} {where}{_closest(missing, valid)}; "
-        f"valid keys: {valid} ({how})"
-        if isinstance(node, DictConfig)
-        else f"argument {index} {argument!r}: '{level}' is the value {node!r}, not a mapping: it has no key {missing!r}"
-    )
+    if plus:
+        how = f"'{level}' is a typed block of the recipe, whose keys are fixed"
+    else:
+        how = "check the spelling; a key the config does not have cannot be set"
+    closest = _closest(missing, valid)
+    return ConfigError(f"{named}: unknown key {missing!r} {where}{closest}; valid keys: {valid} ({how})")
 
 
 def _parse(overrides: list[str]):

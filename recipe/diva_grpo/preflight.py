@@ -52,9 +52,9 @@ def _log(msg: str) -> None:
     print(f"[preflight] {msg}", flush=True)
 
 
-def _ensure_data(config: DictConfig, workdir: str) -> tuple[str, str, bool]:
+def _ensure_data(config: DictConfig, workdir: str) -> tuple[str, str]:
     """The files the preflight reads: the user's, or (no data named at all) a synthetic set written into
-    ``workdir``; returns ``(train, val, synthetic)``. The launcher made the same choice (``uses_synthetic_data``)."""
+    ``workdir``; returns ``(train, val)``. The launcher made the same choice (``uses_synthetic_data``)."""
     train, val = config.data.train_files, config.data.val_files
     try:
         synthetic = uses_synthetic_data(train, val)
@@ -67,7 +67,7 @@ def _ensure_data(config: DictConfig, workdir: str) -> tuple[str, str, bool]:
                 f"data file(s) {missing} not found. Prepare them with `diva-prep convert` / `diva-prep variants`, or "
                 "leave TRAIN_FILES and VAL_FILES unset to preflight on a synthetic set"
             )
-        return train, val, False
+        return train, val
     from data_prep.synth import synth
 
     _log(f"no data named: writing a synthetic set into {workdir} (not your data)")
@@ -77,7 +77,7 @@ def _ensure_data(config: DictConfig, workdir: str) -> tuple[str, str, bool]:
     synth(val, 8, seed=1, split="test")
     if config.algorithm.adv_estimator == "durian":
         train = _with_visual_entropy(train, workdir)
-    return train, val, True
+    return train, val
 
 
 def _with_visual_entropy(train: str, workdir: str) -> str:
@@ -100,7 +100,7 @@ def preflight_config(config: DictConfig, workdir: str) -> DictConfig:
     cfg = deepcopy(config)
     diva = cfg.trainer.v1.trainer_mode == DIVA_MODE
     group = 1 + diva_config_from(cfg.diva).variants.variants_per_question if diva else 1
-    train, val, _ = _ensure_data(cfg, workdir)
+    train, val = _ensure_data(cfg, workdir)
     with open_dict(cfg):
         cfg.data.train_files = train
         cfg.data.val_files = val
@@ -279,7 +279,7 @@ def run_preflight(config: DictConfig) -> dict:
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
     cfg = preflight_config(config, workdir)
     OmegaConf.resolve(cfg)
-    synthetic = cfg.data.train_files != config.data.train_files
+    synthetic = uses_synthetic_data(config.data.train_files, config.data.val_files)  # preflight_config checked it
     _log(
         f"config OK: adv_estimator={cfg.algorithm.adv_estimator}, trainer_mode={cfg.trainer.v1.trainer_mode}, "
         f"variants_per_question={cfg.diva.variants.variants_per_question}, rollout.n={cfg.actor_rollout_ref.rollout.n}"

@@ -109,7 +109,7 @@ def check_launch(overrides: list[str], remote: bool | None = None) -> dict:
     prompt_key = OmegaConf.select(cfg, "data.prompt_key", default="prompt") or "prompt"
     report = check_data_files(train, val, diva=diva, skip=skip, prompt_key=prompt_key)
     report["synthetic"] = synthetic
-    report["defaults"] = train + val
+    report["files"] = train + val
     # The rows each training rank gets in every pass, refused here when verl would assert on them after the model
     # loaded (verl_ext/cluster/batch_arithmetic.py).
     report["batch"] = check_batch_arithmetic(cfg).lines()
@@ -121,7 +121,7 @@ def check_launch(overrides: list[str], remote: bool | None = None) -> dict:
 def data_lines(report: dict) -> list[str]:
     """What the data check says, one line per file (its role and rows), or that no data was named."""
     if report.get("synthetic"):
-        return [SYNTHETIC_NOTE.format(defaults=" and ".join(report["defaults"]))]
+        return [SYNTHETIC_NOTE.format(defaults=" and ".join(report["files"]))]
     lines = [f"{report['split'][path]} data {path}: {report['rows'][path]} rows, OK" for path in report["checked"]]
     lines += [f"data {path}: not on this machine, left to the job (which checks it)" for path in report["skipped"]]
     return lines
@@ -152,11 +152,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[diva] refused in {elapsed:.1f} s, before any Ray process started", file=sys.stderr)
         return 2
     prepare_metrics_log(report["metrics_log"])
-    for line in data_lines(report):
+    said = data_lines(report)
+    for line in said:
         _log(line)
     if report["synthetic"] and args.closing_note:
         with open(args.closing_note, "w") as f:
-            f.write(data_lines(report)[0] + "\n")
+            f.write(said[0] + "\n")
     for line in report["batch"]:
         _log(f"batch: {line}")
     _log(f"config and data checked in {time.perf_counter() - started:.1f} s")

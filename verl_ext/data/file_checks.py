@@ -75,8 +75,8 @@ def check_diva_columns(names: Iterable[str], files: list[str]) -> None:
 
 def check_verl_columns(names: Iterable[str], path: str, prompt_key: str = "prompt") -> None:
     """``ValueError`` naming ``path`` when the column ``names`` lack a column verl's dataset or the reward reads."""
-    wanted = [prompt_key if c == "prompt" else c for c in VERL_COLUMNS]
-    missing = [c for c in wanted if c not in set(names)]
+    present = set(names)
+    missing = [c for c in (prompt_key if c == "prompt" else c for c in VERL_COLUMNS) if c not in present]
     if missing:
         raise ValueError(
             f"data file {path} lacks the column(s) {missing} that verl's dataset and the reward read (it has "
