@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -462,3 +463,33 @@ def test_complete_groups_are_checked_before_any_advantage():
         DivaTrainer._check_groups(diva, np.array(["p1", "p1", "v1", "v1", "p2", "p2"], dtype=object), info)
     with pytest.raises(IncompleteGroupError, match=r"2 prompts .*: a \(1\), c \(3\)"):
         check_complete_groups(["a", "b", "b", "c", "c", "c"], 2, "prompts", "hint")
+
+
+def make_buffer(sampler_kwargs):
+    return OrderedReplayBuffer(
+        trainer_mode="sync",
+        trainer_config={},
+        max_off_policy_threshold=None,
+        max_off_policy_strategy="drop",
+        sampler_kwargs=sampler_kwargs,
+        refill_fn=lambda count: None,
+    )
+
+
+def test_the_poll_interval_is_a_setting_with_verls_default():
+    assert make_buffer({}).poll_interval == 2.0  # verl's own default when the key is absent
+    assert make_buffer(OmegaConf.create({"poll_interval_s": 0.1})).poll_interval == 0.1
+    recipe = OmegaConf.load(Path(__file__).resolve().parents[2] / "recipe/diva_grpo/config/diva_grpo.yaml")
+    assert recipe.trainer.v1.sampler.sampler_kwargs.poll_interval_s == 2.0  # the GPU job keeps verl's interval
+    for bad in (0, -1.0, "fast", True):
+        with pytest.raises(ValueError, match="poll_interval_s"):
+            make_buffer({"poll_interval_s": bad})
+    with pytest.raises(ValueError, match="takes poll_interval_s only"):
+        make_buffer({"poll_intervl_s": 0.1})
+
+
+def test_cpu_runs_poll_often():
+    from verl_ext.cpu.launch import POLL_INTERVAL_S, accelerator_free_overrides
+
+    assert POLL_INTERVAL_S < 2.0
+    assert f"trainer.v1.sampler.sampler_kwargs.poll_interval_s={POLL_INTERVAL_S}" in accelerator_free_overrides()

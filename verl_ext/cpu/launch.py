@@ -120,6 +120,9 @@ FP32_ACTOR = (
 # default (no mixed_precision key), bf16 parameters in forward and backward (CPU autocast), fp32 gradient reduction,
 # fp32 buffers and fp32 master weights. The rollout stays fp32 either way (the log-prob check recomputes it in fp32).
 PRECISIONS = ("fp32", "bf16")
+# Seconds between the replay buffer's looks at a step's finished rollouts (verl_ext.rollout.replay_buffer): verl's
+# 2.0 would make a tiny step (~1 s of work) mostly sleep. It changes when a batch is taken, not what it holds.
+POLL_INTERVAL_S = 0.1
 ACCELERATOR_FREE_OVERRIDES = (
     "trainer.device=cpu",
     "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
@@ -131,6 +134,7 @@ ACCELERATOR_FREE_OVERRIDES = (
     "data.dataloader_num_workers=0",
     "reward.num_workers=1",
     "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
+    f"trainer.v1.sampler.sampler_kwargs.poll_interval_s={POLL_INTERVAL_S}",
 )
 
 
@@ -421,6 +425,12 @@ VLLM_CPU_CHANGES: tuple[CpuChange, ...] = (
         (f"{_AR}.rollout.enable_sleep_mode", f"{_AR}.rollout.free_cache_engine"),
         "device: vLLM's CPU platform has no sleep mode ('Sleep mode is not supported on current platform', which "
         "Ray reports as \"cannot pickle 'pydantic_core._pydantic_core.ArgsKwargs'\")",
+    ),
+    CpuChange(
+        f"sampler_kwargs.poll_interval_s={POLL_INTERVAL_S}",
+        ("trainer.v1.sampler.sampler_kwargs.poll_interval_s",),
+        "time: verl's replay buffer sleeps 2.0 s between looks at a step's rollouts, most of a tiny step; the batch "
+        "it takes is the same at any interval (the synchronous buffer waits for every trajectory of the step)",
     ),
     CpuChange("rollout.max_num_seqs=16", (f"{_AR}.rollout.max_num_seqs",), "size: one step's 16 requests at once"),
     CpuChange(

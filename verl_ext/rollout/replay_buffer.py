@@ -21,6 +21,12 @@ Plugged in through verl's own extension point, ``trainer.v1.sampler.custom_sampl
   response, replica, error) from the records the agent loop left in TransferQueue: no advantage or difficulty update
   is ever computed over an incomplete group, and a prompt whose requests all failed cannot vanish from the batch.
 
+* **A poll interval that is a setting.** verl's buffer sleeps its ``poll_interval`` (2.0 s, not a config key) between
+  looks at TransferQueue while a step's rollouts finish. ``trainer.v1.sampler.sampler_kwargs.poll_interval_s`` sets
+  it (the recipe's config: verl's 2.0 for the GPU job, where a step takes minutes); the CPU runs set 0.1 s, or a tiny
+  step (~1 s of work) would be mostly sleep. The interval changes when a step's batch is taken, never which
+  trajectories it holds (the synchronous buffer waits for all of them), so a run logs the same values at any interval.
+
 verl builds a custom sampler with its base arguments only (no DAPO group filter, no failed-group refill): the
 toolkit trainers refuse those settings.
 """
@@ -59,13 +65,26 @@ class OrderedReplayBuffer(ReplayBuffer):
 
     liveness_check_s = LIVENESS_CHECK_S
 
-    def __init__(self, *args, trainer_mode: str = "sync", **kwargs):
+    def __init__(self, *args, trainer_mode: str = "sync", sampler_kwargs=None, **kwargs):
         if trainer_mode != "sync":
             raise ValueError(
                 f"trainer.v1.sampler.custom_sampler=OrderedReplayBuffer serves the synchronous schedule, not "
                 f"trainer_mode={trainer_mode!r}; unset the custom sampler for verl's asynchronous buffer"
             )
-        super().__init__(*args, trainer_mode=trainer_mode, **kwargs)
+        options = dict(sampler_kwargs or {})
+        poll_interval_s = options.pop("poll_interval_s", None)
+        if options:
+            raise ValueError(
+                f"trainer.v1.sampler.sampler_kwargs: OrderedReplayBuffer takes poll_interval_s only, not {sorted(options)}"
+            )
+        if poll_interval_s is not None:
+            if isinstance(poll_interval_s, bool) or not isinstance(poll_interval_s, int | float) or poll_interval_s <= 0:
+                raise ValueError(
+                    f"trainer.v1.sampler.sampler_kwargs.poll_interval_s={poll_interval_s!r}: expected seconds > 0 "
+                    "(verl's default is 2.0)"
+                )
+            kwargs["poll_interval"] = float(poll_interval_s)
+        super().__init__(*args, trainer_mode=trainer_mode, sampler_kwargs=sampler_kwargs, **kwargs)
         self._watched: Callable[[], Iterable[tuple[str, object]]] | None = None
         self._last_check = time.monotonic()
 
