@@ -22,6 +22,7 @@ import uuid
 
 import numpy as np
 import torch
+from record import add_no_record, record
 from timing import time_round_robin
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 
@@ -69,6 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small batch, few rounds (smoke check)")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 9, quick 3)")
+    add_no_record(parser)
     args = parser.parse_args()
     questions, tokens = (16, 512) if args.quick else (256, 4096)
     rounds = args.rounds or (3 if args.quick else 9)
@@ -112,6 +114,8 @@ def main() -> None:
         else primary["diva_over_floor"] <= TARGET_OVER_FLOOR and primary["diva_over_grpo"] <= TARGET_OVER_GRPO,
         **figures,
     }
+    if not args.no_record:
+        record("advantage_quick" if args.quick else "advantage", result)
     print(json.dumps(result))
 
 

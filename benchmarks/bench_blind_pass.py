@@ -22,6 +22,7 @@ import json
 
 import numpy as np
 import torch
+from record import add_no_record, record
 from timing import time_round_robin
 from verl.utils import tensordict_utils as tu
 
@@ -50,6 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small batch, few rounds (smoke check)")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 5, quick 2)")
+    add_no_record(parser)
     args = parser.parse_args()
     count, scale = (8, 4) if args.quick else (32, 12)
     rounds = args.rounds or (2 if args.quick else 5)
@@ -92,6 +94,8 @@ def main() -> None:
         "blind_over_sighted": round(ms["blind"] / ms["sighted"], 3),
         "view_over_sighted": round(ms["blind_view_only"] / ms["sighted"], 4),
     }
+    if not args.no_record:
+        record("blind_pass_quick" if args.quick else "blind_pass", result)
     print(json.dumps(result))
 
 

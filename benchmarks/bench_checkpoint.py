@@ -34,6 +34,7 @@ import tempfile
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from record import add_no_record, record
 from timing import time_round_robin
 
 MODELS = ("tiny_qwen2_5_vl", "llama_60m")
@@ -162,6 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="2 rounds")
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds (after one untimed)")
     parser.add_argument("--workdir", default=None, help="folder for the model and checkpoints (default: a temp one)")
+    add_no_record(parser)
     args = parser.parse_args(argv)
     rounds = 2 if args.quick else args.rounds
 
@@ -211,6 +213,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"{f['verl_bytes'] / 2**20:7.1f} | {f['dcp_bytes'] / 2**20:7.1f} ({f['bytes_ratio_dcp_over_verl']:.3f}x)",
             flush=True,
         )
+    if not args.no_record:
+        record("checkpoint_quick" if args.quick else "checkpoint", result, argv)
     print(json.dumps(result))
     return result
 

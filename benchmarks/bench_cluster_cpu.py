@@ -27,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+from record import add_no_record, record
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -141,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rollouts", nargs="+", default=["hf_cpu"], choices=["hf_cpu", "vllm"])
     parser.add_argument("--steps", type=int, default=4, help="training steps per launch (the first is not timed)")
     parser.add_argument("--workdir", default=None, help="folder for the tiny model, data and runs (default: a temp)")
+    add_no_record(parser)
     args = parser.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench_cluster_"))
     workdir.mkdir(parents=True, exist_ok=True)  # a --workdir that does not exist yet
@@ -159,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{ratios.get('gen_s_ratio')}x")  # fmt: skip
         print(f"{rollout}: peak memory per node (GB): world size 1 {one['peak_memory_gb']}, "
               f"world size 2 {two['peak_memory_gb']}")  # fmt: skip
+    if not args.no_record:
+        record("cluster_cpu", figures, argv)
     print(json.dumps(figures, sort_keys=True))
     return 0
 

@@ -31,6 +31,8 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from record import add_no_record, record  # noqa: E402
+
 from data_prep.convert import convert  # noqa: E402
 from data_prep.llm_client import RetryPolicy  # noqa: E402
 from data_prep.synth import synth_rows  # noqa: E402
@@ -167,6 +169,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small sizes: a smoke check in seconds")
     parser.add_argument("--latency", type=float, default=0.2)
     parser.add_argument("--concurrency", type=int, default=32)
+    add_no_record(parser)
     args = parser.parse_args()
     convert_rows, variant_rows = (32, 64) if args.quick else (512, 480)
     with tempfile.TemporaryDirectory() as tmp:
@@ -191,6 +194,8 @@ def main() -> None:
         f"{figures['variants_client_cpu_ms_per_request']} ms/request; load average {figures['load_average_1min']} "
         f"on {os.cpu_count()} cores"
     )
+    if not args.no_record:
+        record("prep_quick" if args.quick else "prep", figures)
     print(json.dumps(figures))
 
 

@@ -14,6 +14,8 @@ import json
 import logging
 import time
 
+from record import add_no_record, record
+
 from verl_ext.reward import compute_score
 
 EQUIVALENT_PAIRS = [  # (ground truth, differently written answer)
@@ -52,6 +54,7 @@ def _in_process_check(ground_truth: str, answer: str) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few repeats, runs in seconds (smoke check)")
+    add_no_record(parser)
     args = parser.parse_args()
     repeats = 2 if args.quick else 20
     logging.getLogger("verl_ext.reward").setLevel(logging.ERROR)  # the timeout warning is expected below
@@ -79,19 +82,18 @@ def main() -> None:
     print(f"isolation overhead         {isolated_ms / in_process_ms:8.2f} x")
     print(f"fast path speed-up         {isolated_ms / exact_ms:8.1f} x")
     print(f"one timed-out answer (timeout {timeout_s:.0f} s) + next call incl. restart: {adversarial_s:.2f} s")
-    print(
-        json.dumps(
-            {
-                "exact_ms": round(exact_ms, 4),
-                "isolated_ms": round(isolated_ms, 3),
-                "in_process_ms": round(in_process_ms, 3),
-                "isolation_overhead_ratio": round(isolated_ms / in_process_ms, 3),
-                "fast_path_speedup": round(isolated_ms / exact_ms, 1),
-                "timeout_plus_restart_s": round(adversarial_s, 2),
-                "repeats": repeats,
-            }
-        )
-    )
+    figures = {
+        "exact_ms": round(exact_ms, 4),
+        "isolated_ms": round(isolated_ms, 3),
+        "in_process_ms": round(in_process_ms, 3),
+        "isolation_overhead_ratio": round(isolated_ms / in_process_ms, 3),
+        "fast_path_speedup": round(isolated_ms / exact_ms, 1),
+        "timeout_plus_restart_s": round(adversarial_s, 2),
+        "repeats": repeats,
+    }
+    if not args.no_record:
+        record("reward_quick" if args.quick else "reward", figures)
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from record import add_no_record, record
 from timing import time_round_robin
 from verl.trainer.ppo.core_algos import get_adv_estimator_fn
 
@@ -141,6 +142,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small batch, few rounds (smoke check)")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 7, quick 3)")
+    add_no_record(parser)
     args = parser.parse_args()
     questions, tokens = (16, 512) if args.quick else (256, 4096)
     rounds = args.rounds or (3 if args.quick else 7)
@@ -196,6 +198,8 @@ def main() -> None:
         # Meaningless at --quick sizes, where per-call overheads dominate the memory-bound pass.
         "targets_met": None if args.quick else all(over_grpo[case.name] <= case.target_over_grpo for case in CASES),
     }
+    if not args.no_record:
+        record("variants_quick" if args.quick else "variants", result)
     print(json.dumps(result))
 
 

@@ -15,7 +15,9 @@ BASELINES = {"grpo", "grpo_vectorized"}
 
 @pytest.mark.launch  # a benchmark script in a fresh interpreter: the launch tier
 def test_quick_benchmark_prints_its_figures_as_json():
-    result = subprocess.run([sys.executable, str(BENCH), "--quick"], capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--quick", "--no-record"], capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])
     assert figures["benchmark"] == "variants" and figures["quick"] is True and figures["targets_met"] is None

@@ -13,7 +13,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.mark.launch  # a benchmark script in a fresh interpreter: the launch tier
 def test_bench_dataset_quick_prints_json_last():
     proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_dataset.py"), "--quick"],
+        [sys.executable, os.path.join(ROOT, "benchmarks", "bench_dataset.py"), "--quick", "--no-record"],
         capture_output=True,
         text=True,
         timeout=300,

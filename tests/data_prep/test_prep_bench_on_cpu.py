@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.launch  # a benchmark script in a fresh interpreter: the launch tier
 def test_bench_prep_quick():
     completed = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "bench_prep.py"), "--quick"],
+        [sys.executable, str(REPO / "benchmarks" / "bench_prep.py"), "--quick", "--no-record"],
         cwd=REPO,
         capture_output=True,
         text=True,

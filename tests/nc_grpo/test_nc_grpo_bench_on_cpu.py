@@ -16,7 +16,7 @@ BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_nc_grpo_bran
 
 
 def test_quick_benchmark_reruns_without_noise_and_prints_its_figures_as_json(tmp_path):
-    command = [sys.executable, str(BENCH), "--quick", "--workdir", str(tmp_path)]
+    command = [sys.executable, str(BENCH), "--quick", "--no-record", "--workdir", str(tmp_path)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads(result.stdout.strip().splitlines()[-1])

@@ -336,7 +336,9 @@ def test_benchmark_quick_runs_and_ends_with_json():
     import sys
 
     script = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "bench_reward.py")
-    completed = subprocess.run([sys.executable, script, "--quick"], capture_output=True, text=True, timeout=300)
+    completed = subprocess.run(
+        [sys.executable, script, "--quick", "--no-record"], capture_output=True, text=True, timeout=300
+    )
     assert completed.returncode == 0, completed.stderr
     figures = json.loads(completed.stdout.strip().splitlines()[-1])
     assert figures["isolated_ms"] > 0 and figures["in_process_ms"] > 0 and figures["exact_ms"] > 0
