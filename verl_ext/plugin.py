@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
 
+from verl_ext.deferral import deferring
+
 ADV_ESTIMATOR_NAME = "diva_grpo"
 
 
@@ -30,7 +32,8 @@ def _register(name: str, fn) -> None:
     and hides a plugin's import error) but refused by check_registered(), which every trainer of the recipe calls,
     so that the other package's estimator never runs in the place of this toolkit's under the same name."""
     if ADV_ESTIMATOR_REGISTRY.get(name) is None:
-        register_adv_est(name)(fn)
+        # Deferring: the toolkit trainer computes the method after verl's own advantage step (verl_ext/deferral.py).
+        register_adv_est(name)(deferring(name, fn))
 
 
 _register(ADV_ESTIMATOR_NAME, _diva_grpo_needs_the_diva_trainer)

@@ -3,10 +3,11 @@
 Registered as ``trainer.v1.trainer_mode=toolkit``; ``algorithm.adv_estimator`` picks the method
 (:mod:`verl_ext.methods`). It overrides only what the methods change:
 
-* ``_compute_advantage``: fetches from TransferQueue what verl's own step fetches plus the fields the method
-  declares (``extra_info``, reward extras, old or blind log-probs, response ids), applies verl's in-reward KL
-  penalty and rollout correction as verl does, hands the real rows (verl's synthetic padding rows excluded:
-  they get zero advantage and join no group) to the method's ``compute``, and writes the advantages back;
+* ``_compute_advantage``: runs verl's own advantage step (its in-reward KL penalty and rollout correction, verl's
+  code as it is; the method's estimator in it defers, :mod:`verl_ext.deferral`), then fetches from TransferQueue
+  what that step wrote plus the fields the method declares (``extra_info``, reward extras, old or blind log-probs,
+  response ids), hands the real rows (verl's synthetic padding rows excluded: they get zero advantage and join no
+  group) to the method's ``compute``, and writes the advantages back;
 * ``_compute_old_log_prob``: then runs the method's extra pass, if any (PGPO's blind log-probs), served by the
   actor worker subclass the method puts in ``role_worker_mapping`` (``_init_resource_pool_mgr``);
 * ``_fetch_one_gen_batch``: asks the method's batch planner, if any, which prompts to roll out (CoDaPO's
@@ -30,14 +31,13 @@ from omegaconf import DictConfig, open_dict
 from tensordict import NonTensorStack, TensorDict
 from transfer_queue import KVBatchMeta
 from verl.protocol import DataProto
-from verl.trainer.ppo.ray_trainer import apply_kl_penalty
-from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.v1 import PPOTrainerSync, register_trainer
 from verl.workers.utils.padding import response_to_nested
 
 from verl_ext import faults
 from verl_ext.cluster.node_watch import NodeWatch
 from verl_ext.cluster.storage import RunRecord
+from verl_ext.deferral import estimator_deferred
 from verl_ext.methods import AdvantageInputs, AdvantageResult, get_method
 from verl_ext.methods.base import TENSOR_NEEDS
 from verl_ext.plugin import check_registered
@@ -56,6 +56,8 @@ TRAINER_NAME = "toolkit"
 
 # What verl's own V1 advantage step fetches (KL penalty and rollout correction read the log-prob fields).
 _VERL_FIELDS = ("uid", "response_mask", "rm_scores", "rollout_log_probs", "old_log_probs", "ref_log_prob")
+# What verl's advantage step writes beside the advantages, when its settings ask for it.
+_VERL_STEP_FIELDS = ("token_level_rewards", "rollout_is_weights")
 
 
 @register_trainer(TRAINER_NAME)
@@ -195,8 +197,17 @@ class ToolkitTrainer(PPOTrainerSync):
         T = longest response. Padding rows get zero advantage and are not shown to the method.
         """
         t0 = time.perf_counter()
+        self._check_single_turn(batch.keys)
+        # verl's own step, as verl runs it: the KL penalty in the reward (algorithm.use_kl_in_reward), rollout
+        # correction (importance weights, rejection sampling; algorithm.rollout_correction), its metrics and the
+        # write-back. Its estimator call for the method defers (zeros, overwritten below: verl_ext/deferral.py).
+        with estimator_deferred(self.method.name):
+            written = set(super()._compute_advantage(batch, metrics).fields or ())
         needs = self.method.needs
         fields = [*_VERL_FIELDS, *sorted(needs & TENSOR_NEEDS - set(_VERL_FIELDS))]
+        # What verl's step wrote for the method: in-reward KL's rewards, rollout correction's weights (its rejection
+        # sampling rewrites response_mask in place).
+        fields += [name for name in _VERL_STEP_FIELDS if name in written]
         if "extra_info" in needs:
             fields.append("extra_info")
         # The reward extras are always read: the step logs the accuracy of every method (diva-report plots it).
@@ -208,24 +219,11 @@ class ToolkitTrainer(PPOTrainerSync):
         reward_extras = [self._reward_extras(fields) for fields in rollout_fields]
         uids = np.array(non_tensor_list(data.pop("uid")), dtype=object)
 
-        self._check_single_turn(batch.keys)
         data = DataProto(batch=data.to_padded_tensor())
         data.non_tensor_batch["uid"] = uids
         data.batch["token_level_scores"] = data.batch["rm_scores"]
-        if self.config.algorithm.use_kl_in_reward:
-            data, kl_metrics = apply_kl_penalty(
-                data, kl_ctrl=self.kl_ctrl_in_reward, kl_penalty=self.config.algorithm.kl_penalty
-            )
-            metrics.update(kl_metrics)
-        else:
+        if "token_level_rewards" not in data.batch.keys():
             data.batch["token_level_rewards"] = data.batch["token_level_scores"]
-
-        rollout_corr_config = self.config.algorithm.get("rollout_correction", None)
-        bypass = rollout_corr_config and rollout_corr_config.get("bypass_mode", False)
-        rollout_correction = rollout_corr_config is not None and "rollout_log_probs" in data.batch and not bypass
-        if rollout_correction:
-            data, is_metrics = compute_rollout_correction_and_add_to_batch(data, rollout_corr_config)
-            metrics.update(is_metrics)
 
         # The real rows (verl's no-op padding left out) in key order: verl's sequence balancing reorders the batch
         # by rank, and the method's group sums must add in one order at every world size.
@@ -262,15 +260,9 @@ class ToolkitTrainer(PPOTrainerSync):
         self._after_advantage(inputs, result, metrics)
         t_after = time.perf_counter()
 
-        out_fields = ["advantages", "returns"]
-        if self.config.algorithm.use_kl_in_reward:
-            out_fields.append("token_level_rewards")
-        if rollout_correction:
-            out_fields.append("response_mask")
-            if "rollout_is_weights" in data.batch:
-                out_fields.append("rollout_is_weights")
         output = TensorDict(
-            {name: response_to_nested(data.batch[name], response_mask) for name in out_fields}, batch_size=len(batch)
+            {name: response_to_nested(data.batch[name], response_mask) for name in ("advantages", "returns")},
+            batch_size=len(batch),
         )
         batch = tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
 

@@ -5,6 +5,8 @@ CoDaPO's resampling alternates, and resumes mid-epoch exactly."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,6 +14,7 @@ import pytest
 import torch
 from toolkit_fixtures import compose_toolkit_config, read_metrics, real_rows, write_synth_data
 
+import recipe.diva_grpo.toolkit_trainer
 import recipe.diva_grpo.trainer  # noqa: F401  (registers the trainers)
 from recipe.diva_grpo.simulation import SimulatedAgentLoopManager, build_simulated_trainer
 from recipe.diva_grpo.toolkit_trainer import ToolkitTrainer
@@ -22,7 +25,7 @@ from verl_ext.algos import (
     compute_mupo_advantage,
     compute_pgpo_advantage,
 )
-from verl_ext.cpu.same_run import metric_differences
+from verl_ext.checks.same_run import metric_differences
 from verl_ext.methods import get_method
 from verl_ext.methods.avspo import AvspoConfig
 from verl_ext.methods.codapo import CodapoConfig
@@ -283,3 +286,46 @@ def test_pgpo_refuses_bypassed_old_log_probs(tmp_path):
 def test_codapo_resampling_refuses_batches_it_cannot_plan_whole(tmp_path, override, message):
     with pytest.raises(ValueError, match=message):
         ToolkitTrainer(compose_toolkit_config(tmp_path, "codapo", override))
+
+
+def test_verls_own_rollout_correction_runs_before_the_method(ray_and_tq, tmp_path, monkeypatch):
+    """The toolkit trainer calls verl's advantage step as it is (no copy of its KL and rollout-correction code):
+    verl's importance weights are logged and written, and the method reads verl's fields after that step."""
+    write_synth_data(tmp_path)
+    trainer, logged = run(
+        tmp_path,
+        "avspo",
+        "algorithm.rollout_correction.rollout_is=token",
+        "avspo.mode=released",
+        monkeypatch=monkeypatch,
+    )
+    for update in trainer.actor_rollout_wg.updates:
+        rows = rows_of(update)
+        expected, _ = compute_avspo_advantage(rows["rewards"], rows["mask"], rows["uid"], mode="released")
+        torch.testing.assert_close(rows["advantages"], expected)
+    for entry in logged:
+        # verl's own rollout-correction metrics (rollout_corr_helper), from verl's step.
+        assert any(key.startswith("rollout_corr/") for key in entry["data"]), sorted(entry["data"])
+    # Called, not copied: the trainer's module names neither of verl's functions of that step.
+    source = Path(recipe.diva_grpo.toolkit_trainer.__file__).read_text()
+    assert "apply_kl_penalty" not in source and "compute_rollout_correction_and_add_to_batch" not in source
+
+
+def test_the_methods_estimator_defers_only_inside_the_toolkit_step():
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
+
+    from verl_ext.deferral import estimator_deferred
+
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0], [0.0, 1.0], [0.0, 0.5]])
+    mask = torch.ones_like(rewards)
+    uid = np.array(["a", "a", "b", "b"], dtype=object)
+    avspo = get_adv_estimator_fn("avspo")
+    plain, _ = avspo(token_level_rewards=rewards, response_mask=mask, index=uid, config=None)
+    assert plain.abs().sum() > 0
+    with estimator_deferred("avspo"):
+        deferred, returns = avspo(token_level_rewards=rewards, response_mask=mask, index=uid, config=None)
+        assert not deferred.any() and not returns.any()
+        with pytest.raises(RuntimeError, match="toolkit trainer"):  # another method is not deferred
+            get_adv_estimator_fn("durian")(token_level_rewards=rewards, response_mask=mask, index=uid, config=None)
+    again, _ = avspo(token_level_rewards=rewards, response_mask=mask, index=uid, config=None)
+    torch.testing.assert_close(again, plain)

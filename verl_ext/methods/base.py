@@ -217,13 +217,15 @@ def register_method(method: AdvantageMethod) -> AdvantageMethod:
     """Add ``method`` to the toolkit and to verl's estimator registry (idempotent for the same method)."""
     from verl.trainer.ppo.core_algos import ADV_ESTIMATOR_REGISTRY, register_adv_est
 
+    from verl_ext.deferral import deferring
+
     known = METHODS.get(method.name)
     if known is not None and known is not method:
         raise ValueError(f"advantage method {method.name!r} is already registered")
     METHODS[method.name] = method
     # verl_ext.plugin registers the toolkit's own methods by name; a method added elsewhere registers here.
     if ADV_ESTIMATOR_REGISTRY.get(method.name) is None:
-        register_adv_est(method.name)(verl_estimator(method))
+        register_adv_est(method.name)(deferring(method.name, verl_estimator(method)))
     return method
 
 
