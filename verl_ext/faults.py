@@ -3,7 +3,7 @@ rollout request fails.
 
 ``DIVA_FAULTS="<point>@<step>,..."`` arms the points; each fires once per run: before dying, the process leaves a
 mark in ``DIVA_FAULT_DIR`` (required with ``DIVA_FAULTS``), so the restarted job that resumes past that step runs
-on. The launchers pass both variables to every process of the job (``verl_ext.cpu.launch.runtime_env``). Unset,
+on. The launchers pass both variables to every process of the job (``verl_ext.cpu.runtime_env.runtime_env``). Unset,
 :func:`inject` is one dictionary lookup.
 
 Points (where the kill leaves the run):

@@ -6,7 +6,7 @@ preflight (:mod:`recipe.diva_grpo.preflight`) instead of training.
 
 CPU mode (``VERL_PLATFORM=cpu`` in every process, see :mod:`verl_ext.cpu` and ``run_scripts/tiny_cpu.sh``):
 real training on the CPU with verl's trainer, workers and the ``hf_cpu`` rollout; the GPU check is skipped.
-When ``DIVA_CPU_PROBE_DIR`` is set, the task runner records what the actor consumed (:mod:`verl_ext.cpu.probe`).
+When ``DIVA_CPU_PROBE_DIR`` is set, the task runner records what the actor consumed (:mod:`verl_ext.checks.probe`).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy
 from verl.utils.config import validate_config
 from verl.utils.device import auto_set_device
 
+from verl_ext.checks.probe import PROBE_ENV, install_probe
+from verl_ext.checks.session import format_summary, pop_cpu_run_block, train_then_resume, write_summary
 from verl_ext.cluster.batch_arithmetic import check_batch_arithmetic
 from verl_ext.cluster.storage import check_resume, check_shared_folder
 from verl_ext.cpu import cpu_mode_requested
-from verl_ext.cpu.probe import PROBE_ENV, install_probe
-from verl_ext.cpu.session import format_summary, pop_cpu_run_block, train_then_resume, write_summary
 from verl_ext.metrics_log import keep_previous_log, metrics_log_path
 
 

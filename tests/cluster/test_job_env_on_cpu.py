@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SET_FOR_THE_JOB = {
     "VERL_PLATFORM": "the CPU runs' runtime env (verl_ext.cpu.CPU_ENV)",
     "VERL_FILE_LOGGER_PATH": "the launcher's METRICS_LOG, through ray_kwargs.ray_init.runtime_env",
-    "VERL_FILE_LOGGER_ROOT": "the CPU runs' runtime env (verl_ext.cpu.launch.runtime_env)",
+    "VERL_FILE_LOGGER_ROOT": "the CPU runs' runtime env (verl_ext.cpu.runtime_env.runtime_env)",
     "DIVA_CPU_PROBE_DIR": "the CPU runs' runtime env",
     "DIVA_PREFLIGHT_DIR": "the preflight's work folder, read where the preflight runs",
     "DIVA_JOB_LOG": "where the submitter writes the job's full output, read on the submitting machine only",
@@ -151,7 +151,7 @@ def test_the_launcher_submits_through_the_submitter():
 @pytest.mark.parametrize("name", JOB_ENV_NAMES)
 def test_no_forwarded_value_is_written_by_the_cpu_runs_runtime_env(name, tmp_path, monkeypatch):
     """The CPU runs write their runtime env to the run folder: only the crash tests' fault settings may be in it."""
-    from verl_ext.cpu.launch import runtime_env
+    from verl_ext.cpu.runtime_env import runtime_env
 
     monkeypatch.setenv(name, f"value-of-{name}")
     written = yaml.safe_dump(runtime_env(str(tmp_path), str(ROOT)))

@@ -611,7 +611,7 @@ BROKEN_BLOCKS = [
     ("diva-prep convert --input a --layout nope --output b", "rejects"),
     ("diva-prep variants --input a --output b --model m --concurency 4", "rejects"),
     ("diva-report run --outptu x", "rejects"),
-    ("python -m verl_ext.cpu.same_run a b --strict", "has no option --strict"),
+    ("python -m verl_ext.checks.same_run a b --strict", "has no option --strict"),
     ("python benchmarks/bench_variants.py --quik", "has no option --quik"),
     ("python -m no_such_module_here", "no module"),
     ('pip install -e ".[tests]"', "no extra 'tests'"),

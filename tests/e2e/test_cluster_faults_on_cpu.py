@@ -24,7 +24,7 @@ import re
 import pytest
 from tiny_launch import DIVA_NODES, DIVA_STEPS, run_tiny_cpu
 
-from verl_ext.cpu.same_run import metric_differences
+from verl_ext.checks.same_run import metric_differences
 from verl_ext.report.run import load_run
 
 # The lost-node tests set up the shared two-node run and then the lost-node launch (three attempts): on two busy

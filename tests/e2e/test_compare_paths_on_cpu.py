@@ -12,7 +12,7 @@ import yaml
 
 
 def test_a_relative_out_reaches_the_job_as_absolute_folders(tmp_path, monkeypatch):
-    from verl_ext.cpu import compare
+    from verl_ext.lab import runs
 
     seen = {}
 
@@ -20,11 +20,11 @@ def test_a_relative_out_reaches_the_job_as_absolute_folders(tmp_path, monkeypatc
         seen["argv"], seen["env"] = argv, env
         return subprocess.CompletedProcess(argv, 0)
 
-    monkeypatch.setattr(compare.subprocess, "run", fake_run)
+    monkeypatch.setattr(runs.subprocess, "run", fake_run)
     monkeypatch.chdir(tmp_path)
     paths = {"model": str(tmp_path / "m"), "train": str(tmp_path / "t.parquet"), "val": str(tmp_path / "v.parquet")}
     out = Path("sweep_out")
-    compare.method_run(
+    runs.method_run(
         "grpo", paths, out, steps=1, test_freq=1, seed=0, questions=8, rollout_n=4, run_dir=out / "grpo" / "seed0"
     )
     run_dir = tmp_path / "sweep_out" / "grpo" / "seed0"

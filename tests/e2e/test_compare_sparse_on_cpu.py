@@ -1,6 +1,6 @@
 """``TASK=sparse bash run_scripts/compare_tiny.sh`` from nothing (the tiny model, the warm start, the data and the
 properties built in a fresh OUT): verl's GRPO and DIVA-GRPO trained for real on the sparse task
-(``verl_ext/cpu/sparse_task.py``), 8 steps each. It checks what the task must be and what the comparison records:
+(``verl_ext/lab/sparse_task.py``), 8 steps each. It checks what the task must be and what the comparison records:
 
 * the three properties are printed before training, each holding (the task refuses to train otherwise);
 * ``comparison.json`` holds the properties and, per method, the share of the warm start's unsolved validation

@@ -158,7 +158,7 @@ def _compose(overrides):
 
 @pytest.mark.parametrize("method", ["diva", "grpo", "avspo"])
 def test_tiny_run_overrides_compose_at_the_same_response_budget(method, tmp_path):
-    from verl_ext.cpu.launch import cpu_overrides
+    from verl_ext.cpu.overrides import cpu_overrides
 
     paths = {"model": "/m", "train": "/t.parquet", "val": "/v.parquet"}
     cfg = _compose(cpu_overrides(paths, str(tmp_path), method=method, questions=2, rollout_n=4))
@@ -176,7 +176,7 @@ def test_tiny_run_overrides_compose_at_the_same_response_budget(method, tmp_path
 
 
 def test_unknown_method_is_refused_with_the_known_ones():
-    from verl_ext.cpu.launch import method_overrides
+    from verl_ext.cpu.overrides import method_overrides
 
     with pytest.raises(ValueError, match="toolkit method"):
         method_overrides("no_such_method", 2, 4)

@@ -34,7 +34,7 @@ import re
 import pytest
 from tiny_launch import DIVA_ALL_STEPS, DIVA_STEPS, run_tiny_cpu
 
-from verl_ext.cpu.same_run import metric_differences
+from verl_ext.checks.same_run import metric_differences
 from verl_ext.difficulty.persistence import checkpoint_state_path, load_state
 from verl_ext.report.run import load_run
 

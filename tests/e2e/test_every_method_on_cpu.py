@@ -8,7 +8,7 @@ launcher (vLLM's Qwen2.5-VL model and weight loader in every weight sync). Each 
 
 * every step trained: a finite, non-zero gradient norm and a finite loss;
 * the rollout sampled from the weights the actor trained: ``hf_cpu``: its log-probs equal the actor's old log-probs
-  to float rounding; vLLM: the exact check of :mod:`verl_ext.cpu.logprob_check` (each step's weights recomputed);
+  to float rounding; vLLM: the exact check of :mod:`verl_ext.checks.logprob_check` (each step's weights recomputed);
 * the advantages the actor consumed are the method's pure function (``verl_ext/algos``; GRPO: verl's own) of the
   logged rewards, ids, log-probs, extra infos and texts;
 * the method's metrics are logged each step.
@@ -37,7 +37,7 @@ import pytest
 import torch
 from tiny_launch import run_tiny_cpu, training_metrics
 
-from verl_ext.cpu.probe import read_actor_inputs
+from verl_ext.checks.probe import read_actor_inputs
 from verl_ext.cpu.tiny_model import DEFAULT_ARCH, tiny_model_dir_name
 
 STEPS = 2
@@ -132,7 +132,7 @@ def test_the_rollout_sampled_from_the_weights_the_actor_trained(run):
         return
     from transformers import AutoProcessor, AutoTokenizer
 
-    from verl_ext.cpu.logprob_check import MAX_TOLERANCE, MEAN_TOLERANCE, step_gap, weights_by_step
+    from verl_ext.checks.logprob_check import MAX_TOLERANCE, MEAN_TOLERANCE, step_gap, weights_by_step
 
     # verl's sampler normalises over the tokens it allows: the exact check recomputes each step's weights in fp32.
     model = str(run["model"])

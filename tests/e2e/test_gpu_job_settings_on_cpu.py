@@ -34,14 +34,14 @@ PATHS = {"model": "/m", "train": "/t.parquet", "val": "/v.parquet"}
 
 @pytest.mark.parametrize("method", ["diva", "pgpo"])
 def test_cpu_runs_keep_the_recipes_gradient_checkpointing(method, tmp_path):
-    from verl_ext.cpu.launch import cpu_overrides
+    from verl_ext.cpu.overrides import cpu_overrides
 
     cfg = _compose(cpu_overrides(PATHS, str(tmp_path), method=method))
     assert cfg.actor_rollout_ref.model.enable_gradient_checkpointing is True
 
 
 def test_precision_bf16_is_verls_default_mixed_precision_and_fp32_sets_fp32(tmp_path):
-    from verl_ext.cpu.launch import accelerator_free_overrides, cpu_overrides
+    from verl_ext.cpu.overrides import accelerator_free_overrides, cpu_overrides
 
     fp32 = _compose(cpu_overrides(PATHS, str(tmp_path)))
     for role in ("actor", "ref"):

@@ -5,10 +5,10 @@ stream, no difficulty weighting, no batch normalisation, no reward-range rescali
 GRPO baseline does (``METHOD=grpo``: verl's estimator on the toolkit trainer, verl's ``RLHFDataset``). For each
 rollout (``hf_cpu``; ``vllm``: verl's vLLM rollout through the GPU launchers), both are launched with
 ``run_scripts/tiny_cpu.sh`` at the same seed, data and responses per question, two steps, no resume, and compared by
-:func:`verl_ext.cpu.grpo_identity.compare_runs`: every metric both log at every step (validation before training and
+:func:`verl_ext.checks.grpo_identity.compare_runs`: every metric both log at every step (validation before training and
 at step 2 included) and, response by response, what the actor consumed.
 
-Tolerances (:mod:`verl_ext.cpu.grpo_identity`, with why):
+Tolerances (:mod:`verl_ext.checks.grpo_identity`, with why):
 
 * prompt and response tokens, response masks, rewards: exact. The same seeds (per request, from the run's seed, the
   step and the prompt's place: :mod:`verl_ext.rollout.seeds`) on the same weights draw the same tokens.
@@ -21,7 +21,7 @@ Tolerances (:mod:`verl_ext.cpu.grpo_identity`, with why):
   the weights and log-probs of the next step. Measured (docs/algo/diva_grpo.md, "GRPO inside DIVA"): loss 2e-6
   relative on ``hf_cpu``, 2e-5 on vLLM, gradient norm 1.2e-7, log-probs 1e-6 absolute.
 
-The task is prepared (:func:`verl_ext.cpu.grpo_identity.prepare_task`) with every image at the model's input size:
+The task is prepared (:func:`verl_ext.checks.grpo_identity.prepare_task`) with every image at the model's input size:
 DIVA's dataset gives each image ``diva.variants.max_pixels`` for the processor and verl's gives none, so a larger
 image reaches the two models through different resizes and different pixels (a 1.5e-4 gradient-norm gap at step 2
 before the task was prepared; ``tests/report/test_grpo_identity_compare_on_cpu.py`` shows the two routes).
@@ -38,8 +38,8 @@ import time
 import pytest
 from tiny_launch import run_tiny_cpu
 
-from verl_ext.cpu.grpo_identity import compare_runs, format_result, prepare_task
-from verl_ext.cpu.probe import read_actor_inputs
+from verl_ext.checks.grpo_identity import compare_runs, format_result, prepare_task
+from verl_ext.checks.probe import read_actor_inputs
 
 STEPS = 2
 LAUNCH_TIMEOUT_S = 900

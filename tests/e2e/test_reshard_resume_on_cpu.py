@@ -26,9 +26,9 @@ import pytest
 from tiny_launch import DIVA_NODES, DIVA_STEPS, VLLM_NODES, VLLM_STEPS, run_tiny_cpu
 
 from verl_ext.checkpoint.reshardable import has_reshardable_checkpoint, saved_world_sizes
+from verl_ext.checks.probe import read_actor_inputs
 from verl_ext.cluster.storage import RunRecord
 from verl_ext.cluster.world_size import compare_runs, metric_differences, record_differences
-from verl_ext.cpu.probe import read_actor_inputs
 from verl_ext.report.run import load_run
 
 pytestmark = [pytest.mark.gpu_stack, pytest.mark.timeout(1800)]

@@ -1,4 +1,4 @@
-"""The sparse task (verl_ext/cpu/sparse_task.py): what its warm start teaches, the log-probabilities its transfer
+"""The sparse task (verl_ext/lab/sparse_task.py): what its warm start teaches, the log-probabilities its transfer
 measure steps on against a one-sequence-at-a-time reference, the property check and its printed lines, and the
 per-question measures run for real on the tiny Qwen2-VL (untrained: every answer wrong, so the task's check refuses
 it, naming the properties that fail). The task's runs themselves are ``tests/e2e/test_compare_sparse_on_cpu.py``
@@ -14,15 +14,15 @@ import pytest
 import torch
 
 from data_prep.swatch import PALETTE, answer_text, swatch
-from verl_ext.cpu import sparse_task
-from verl_ext.cpu.sparse_task import (
+from verl_ext.lab import sampling, solved_questions, sparse_task
+from verl_ext.lab.sft_examples import taught_number
+from verl_ext.lab.sparse_task import (
     HARD_COLOURS,
     SPARSE_CODE,
     SparseTaskError,
     check_properties,
     property_lines,
 )
-from verl_ext.cpu.warm_start import taught_number
 
 NUMBER = {name: num for name, _, num in PALETTE}
 
@@ -128,19 +128,19 @@ def test_batched_response_log_probs_equal_one_sequence_at_a_time(tiny):
 
     model, processor = tiny["model"], tiny["processor"]
     tokenizer = processor.tokenizer
-    prompts = sparse_task._prompts(pd.read_parquet(tiny["train"]), 0)[:3]
-    prompts[1] = sparse_task._prompts(pd.read_parquet(tiny["train"]), 2)[1]  # a hinted prompt: another length
+    prompts = sampling.prompts(pd.read_parquet(tiny["train"]), 0)[:3]
+    prompts[1] = sampling.prompts(pd.read_parquet(tiny["train"]), 2)[1]  # a hinted prompt: another length
     texts = [answer_text("red"), "<think>blue</think>", answer_text("yellow") + " and more words"]
     encoded = tokenizer(
         [t + tokenizer.eos_token for t in texts], add_special_tokens=False, padding=True, return_tensors="pt"
     )
     responses = encoded["input_ids"].masked_fill(encoded["attention_mask"] == 0, tokenizer.pad_token_id)
     with torch.no_grad():
-        batched, mask, tokens = sparse_task._response_log_probs(
-            model, sparse_task._inputs(processor, prompts), responses, tokenizer.pad_token_id, tokenizer.eos_token_id
+        batched, mask, tokens = sampling.response_log_probs(
+            model, sampling.inputs(processor, prompts), responses, tokenizer.pad_token_id, tokenizer.eos_token_id
         )
         for i, prompt in enumerate(prompts):  # the reference: one prompt, its response alone, no padding anywhere
-            alone = sparse_task._inputs(processor, [prompt])
+            alone = sampling.inputs(processor, [prompt])
             target = tokenizer(texts[i] + tokenizer.eos_token, add_special_tokens=False, return_tensors="pt")
             ids = torch.cat([alone["input_ids"], target["input_ids"]], dim=1)
             types = torch.cat([alone["mm_token_type_ids"], torch.zeros_like(target["input_ids"])], dim=1)
@@ -166,18 +166,18 @@ def test_right_log_prob_parts_split_the_completion_at_the_colour_word_and_the_nu
 
     model, processor = tiny["model"], tiny["processor"]
     tokenizer = processor.tokenizer
-    prompts = sparse_task._prompts(pd.read_parquet(tiny["train"]), 0)[:3]
+    prompts = sampling.prompts(pd.read_parquet(tiny["train"]), 0)[:3]
     colour = {number: name for name, _, number in PALETTE}
-    parts = sparse_task.right_log_prob_parts(model, processor, prompts)
+    parts = sampling.right_log_prob_parts(model, processor, prompts)
     reference = {"total": [], "colour": [], "number": []}
     for prompt in prompts:  # one sequence alone; the tiny tokenizer writes these strings a character a token
         name = colour[prompt["answer"]]
         text = answer_text(name)
         ids = tokenizer(text + tokenizer.eos_token, add_special_tokens=False, return_tensors="pt")["input_ids"]
         assert ids.shape[1] == len(text) + 1
-        alone = sparse_task._inputs(processor, [prompt])
+        alone = sampling.inputs(processor, [prompt])
         with torch.no_grad():
-            _, _, tokens = sparse_task._response_log_probs(
+            _, _, tokens = sampling.response_log_probs(
                 model, alone, ids, tokenizer.pad_token_id, tokenizer.eos_token_id
             )
         word = text.index(name)
@@ -186,7 +186,7 @@ def test_right_log_prob_parts_split_the_completion_at_the_colour_word_and_the_nu
         reference["number"].append(tokens[0, text.index("{") + 1].item())
     for part, values in reference.items():
         assert parts[part] == pytest.approx(sum(values) / len(values), abs=1e-4), part
-    assert sparse_task.right_log_prob(model, processor, prompts) == parts["total"]
+    assert sampling.right_log_prob(model, processor, prompts) == parts["total"]
 
 
 @pytest.mark.gpu_stack
@@ -208,11 +208,11 @@ def test_properties_of_an_untrained_model_refuse_the_task(tiny, tmp_path):
 def test_solved_record_reads_the_last_checkpoints_weights(tiny, tmp_path):
     run = tmp_path / "run"
     with pytest.raises(FileNotFoundError, match="hf_model"):
-        sparse_task.final_weights(run)
+        solved_questions.final_weights(run)
     for step in (2, 10):  # numeric order: step 10 is the last, not step 2
         tiny["model"].save_pretrained(run / "checkpoints" / f"global_step_{step}" / "actor" / "huggingface")
     properties = {"validation_unsolved": [0, 2]}
-    record = sparse_task.solved_record(run, tiny["dir"], tiny["val"], properties, seed=0)
+    record = solved_questions.solved_record(run, tiny["dir"], tiny["val"], properties, seed=0)
     assert record["step"] == 10 and record["initially_unsolved"] == [0, 2]
     assert len(record["accuracy"]) == 4 and record["solved"] == [] and record["solved_share"] == 0.0
     # the same weights at the start and the end: the right answer's log-probability has not moved
@@ -221,4 +221,4 @@ def test_solved_record_reads_the_last_checkpoints_weights(tiny, tmp_path):
     assert parts["start"]["total"] == moved["start"]
     assert parts["start"]["colour"] < 0 and parts["start"]["number"] < 0
     assert parts["start"]["colour"] + parts["start"]["number"] > moved["start"]  # the format and end tokens: the rest
-    assert json.loads((run / sparse_task.QUESTIONS_FILE).read_text()) == record
+    assert json.loads((run / solved_questions.QUESTIONS_FILE).read_text()) == record

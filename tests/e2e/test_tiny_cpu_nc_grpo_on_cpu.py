@@ -159,7 +159,7 @@ def test_hf_cpu_trains_checkpoints_resumes_and_its_noisy_rollouts_branch(tmp_pat
 
 @pytest.mark.extended  # CI time (tests/nc_grpo/test_nc_grpo_backends_on_cpu.py holds vLLM's hook in CI): -m extended
 def test_vllm_trains_resumes_and_passes_the_exact_check_with_its_noisy_responses(tmp_path, vllm_required):
-    from verl_ext.cpu.logprob_check import check_rollout_logprobs, weights_by_step
+    from verl_ext.checks.logprob_check import check_rollout_logprobs, weights_by_step
     from verl_ext.methods.noise_contrastive_grpo import NoiseContrastiveConfig
 
     run_dir = tmp_path / "run"

@@ -3,7 +3,7 @@
 One launch of ``run_scripts/tiny_cpu.sh`` (``ray job submit`` to a local head): three DIVA steps on a tiny random
 Qwen2-VL with images and variants, a checkpoint, then a fresh trainer that resumes from it for a fourth step.
 The checks read what the run wrote: verl's metrics, the checkpoint, and what the actor consumed in each step
-(``verl_ext.cpu.probe``, read from TransferQueue right before verl's ``update_actor``):
+(``verl_ext.checks.probe``, read from TransferQueue right before verl's ``update_actor``):
 
 * loss and gradient norm are finite and non-zero in every step;
 * the rollout server's log-probs equal the actor's old log-probs (the trained weights reached the server);
@@ -26,7 +26,7 @@ import torch
 from tiny_launch import DIVA_ALL_STEPS, DIVA_RESUME_STEPS, DIVA_STEPS
 
 from verl_ext.algos import compute_diva_advantage
-from verl_ext.cpu.probe import jsonable
+from verl_ext.checks.probe import jsonable
 from verl_ext.difficulty.persistence import checkpoint_state_path, load_state
 
 ROOT = Path(__file__).resolve().parents[2]

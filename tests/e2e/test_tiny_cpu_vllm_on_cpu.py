@@ -5,7 +5,7 @@ Runs in the GPU stack's environment (``run_scripts/setup_vllm_cpu.sh``; CI sets 
 a missing vLLM fails instead of skipping). One launch on a cluster of two Ray nodes (two training ranks, a vLLM
 replica per node, weights synced to both): two DIVA steps on the tiny Qwen2-VL with images and variants, a checkpoint
 each step, then a fresh trainer resumes for a third; the launcher's checks pass (finite non-zero loss and gradient,
-the exact log-prob check of :mod:`verl_ext.cpu.logprob_check` over both replicas' rollouts, difficulty state
+the exact log-prob check of :mod:`verl_ext.checks.logprob_check` over both replicas' rollouts, difficulty state
 restored). The same run
 then shows that the check sees a rollout one update behind, and the patch of vLLM's CPU linear layers is tested
 against vLLM's own dispatch.
@@ -93,7 +93,7 @@ def test_the_check_fails_when_the_rollout_keeps_stale_weights(run, tmp_path):
     weights altogether fails on the actor's side first. (~0.1-0.2 per token at this learning rate, ~2e-7 synced.)"""
     from transformers import AutoProcessor, AutoTokenizer
 
-    from verl_ext.cpu.logprob_check import (
+    from verl_ext.checks.logprob_check import (
         LogprobCheckError,
         check_rollout_logprobs,
         recomputed_logprobs,
@@ -185,7 +185,7 @@ def test_vllm_keeps_cascade_attention_off_as_verls_faq_asks(vllm_required):
 
     from vllm.config import ModelConfig
 
-    from verl_ext.cpu.ledger import METHODS, gpu_job_leaves
+    from verl_ext.checks.ledger import METHODS, gpu_job_leaves
 
     assert {f.name: f for f in dataclasses.fields(ModelConfig)}["disable_cascade_attn"].default is True
     for method in METHODS:

@@ -15,11 +15,9 @@ from pathlib import Path
 import pytest
 from packaging.specifiers import SpecifierSet
 
-from verl_ext.cpu import shared_memory as shm
-from verl_ext.cpu.ablations import checked_additions, launcher_ablation
-from verl_ext.cpu.launch import VLLM_CPU_CHANGES, cpu_overrides, launcher_for, vllm_cpu_overrides, vllm_launcher_env
-from verl_ext.cpu.ledger import METHODS as LEDGER_METHODS
-from verl_ext.cpu.ledger import (
+from verl_ext.checks.cpu_changes import VLLM_CPU_CHANGES
+from verl_ext.checks.ledger import METHODS as LEDGER_METHODS
+from verl_ext.checks.ledger import (
     compose_leaves,
     config_differences,
     cpu_run_overrides,
@@ -27,7 +25,11 @@ from verl_ext.cpu.ledger import (
     launcher_overrides,
     ledger_problems,
 )
+from verl_ext.cpu import shared_memory as shm
+from verl_ext.cpu.ablations import checked_additions, launcher_ablation
+from verl_ext.cpu.overrides import cpu_overrides
 from verl_ext.cpu.vllm_alias import alias_requirements, build_alias_wheel, wheel_metadata
+from verl_ext.cpu.vllm_launcher import launcher_for, vllm_cpu_overrides, vllm_launcher_env
 
 ROOT = Path(__file__).resolve().parents[2]
 SETUP = ROOT / "run_scripts" / "setup_vllm_cpu.sh"
@@ -151,8 +153,8 @@ def test_cpu_vllm_run_is_the_gpu_launchers_run_with_the_listed_changes(tmp_path,
 
 def _entries_differing_in(diff: dict):
     """The ledger's entries narrowed to their keys in ``diff``, one method's differences (the stale check: all)."""
-    from verl_ext.cpu.launch import CpuChange
-    from verl_ext.cpu.ledger import _listed
+    from verl_ext.checks.cpu_changes import CpuChange
+    from verl_ext.checks.ledger import _listed
 
     narrowed = []
     for change in VLLM_CPU_CHANGES:

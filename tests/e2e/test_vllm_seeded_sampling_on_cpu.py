@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.gpu_stack, pytest.mark.timeout(600)]
 
 @pytest.fixture(scope="module")
 def llm_and_prompt(tmp_path_factory, vllm_required):
-    from verl_ext.cpu.launch import VLLM_CPU_ENV
     from verl_ext.cpu.tiny_model import build_tiny_qwen2_vl
+    from verl_ext.cpu.vllm_launcher import VLLM_CPU_ENV
 
     os.environ.update(VLLM_CPU_ENV)
     path = str(tmp_path_factory.mktemp("tiny") / "model")

@@ -564,7 +564,7 @@ def test_displaced_tokens_and_rollout_gaps_against_a_slow_reference():
 
 
 def test_exact_logprob_check_holds_noisy_samples_to_their_displaced_recomputation(monkeypatch):
-    from verl_ext.cpu import logprob_check
+    from verl_ext.checks import logprob_check
 
     # 3 responses of 4 tokens; 1 is noisy. The clean model's log-probs (actor's, rollout-normalised), and the displaced
     # recomputation of sample 1, whose every token moved (layer_input: 0.3 on the first, 0.1 on the others).

@@ -248,7 +248,7 @@ def _launcher_config(script: str, **env):
 
 
 def test_the_methods_launchers_set_its_rollout_correction_and_only_its_own():
-    from verl_ext.cpu.launch import _nc_grpo_overrides
+    from verl_ext.cpu.overrides import _nc_grpo_overrides
     from verl_ext.methods.noise_contrastive_grpo import ROLLOUT_IS, ROLLOUT_IS_THRESHOLD
 
     nc = _launcher_config("run_scripts/qwen25vl7b_noise_contrastive_grpo.sh")

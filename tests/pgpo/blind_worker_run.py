@@ -44,7 +44,7 @@ def main(workdir: str) -> None:
     from verl.utils.tensordict_utils import list_of_dict_to_tensordict
     from verl.workers.utils.padding import response_from_nested
 
-    from verl_ext.cpu.launch import cpu_overrides
+    from verl_ext.cpu.overrides import cpu_overrides
     from verl_ext.cpu.tiny_model import build_tiny_qwen2_vl
     from verl_ext.pgpo import compute_blind_log_probs
     from verl_ext.pgpo.worker import PgpoActorRolloutRefWorker

@@ -1,4 +1,4 @@
-"""``comparison.json`` from run folders (``verl_ext.cpu.compare``): the entries read from the metrics logs as the
+"""``comparison.json`` from run folders (``verl_ext.lab.compare``): the entries read from the metrics logs as the
 tiny CPU runs write them, and the four claims, which hold or fail on the numbers (never assumed)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from report_fixtures import write_log
 
-from verl_ext.cpu.compare import claims, method_entry
+from verl_ext.lab.compare import claims, method_entry
 
 VAL = "val-core/diva_swatch/acc/mean@1"
 

@@ -1,4 +1,4 @@
-"""GRPO inside DIVA, the comparison (verl_ext.cpu.grpo_identity) on run folders built by hand, and the task whose
+"""GRPO inside DIVA, the comparison (verl_ext.checks.grpo_identity) on run folders built by hand, and the task whose
 images both datasets hand to the processor alike."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 from report_fixtures import write_log
 
-from verl_ext.cpu.grpo_identity import (
+from verl_ext.checks.grpo_identity import (
     METRIC_TOLERANCE,
     RECORD_TOLERANCES,
     compare_runs,

@@ -1,11 +1,11 @@
-"""Where a step's learning signal went (verl_ext.cpu.learning_signal), on an actor-input record built by hand."""
+"""Where a step's learning signal went (verl_ext.lab.learning_signal), on an actor-input record built by hand."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from verl_ext.cpu.learning_signal import run_means, signal_figures, step_signal
+from verl_ext.lab.learning_signal import run_means, signal_figures, step_signal
 
 
 def _record(step=1):

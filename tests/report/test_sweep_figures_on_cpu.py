@@ -1,6 +1,6 @@
 """The sweep's figure (verl_ext/report/sweep_figures.py): a panel per configuration, the mean over seeds as a line,
 their minimum and maximum as a band, the baseline's mean in grey in every other panel, shared y-axis, the legend
-below the panels; verl_ext.cpu.sweep writes it from the sweep's summary."""
+below the panels; verl_ext.lab.sweep writes it from the sweep's summary."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_configurations_that_coincide_are_marked():
 
 
 def test_the_sweep_writes_its_figures(tmp_path):
-    from verl_ext.cpu.sweep import figures
+    from verl_ext.lab.sweep_table import figures
 
     summary = {
         "runs": {

@@ -1,4 +1,4 @@
-"""The seed sweep's table (verl_ext.cpu.sweep.summarise) from run folders written as the sweep leaves them,
+"""The seed sweep's table (verl_ext.lab.sweep_table.summarise) from run folders written as the sweep leaves them,
 against numbers worked out by hand: best and final accuracy over seeds, paired differences from GRPO at the same
 seed, steps to GRPO's best, the zero-advantage fraction and responses; an unfinished run is left out."""
 
@@ -9,7 +9,9 @@ import json
 import pytest
 from report_fixtures import write_log
 
-from verl_ext.cpu.sweep import CONFIGS, run_config, run_dir, run_protocol, summarise, table_lines
+from verl_ext.lab.sweep_configs import CONFIGS
+from verl_ext.lab.sweep_runs import run_config, run_dir, run_protocol
+from verl_ext.lab.sweep_table import summarise, table_lines
 
 STEPS = (0, 2, 4)
 PROTOCOL = run_protocol(steps=4, test_freq=2, questions=8, rollout_n=4, warm_start="0123456789abcdef")
@@ -81,7 +83,7 @@ def test_a_run_without_both_validations_is_named(tmp_path):
 
 
 def test_the_tables_round_each_figure_once(tmp_path):
-    from verl_ext.cpu.sweep import table_markdown
+    from verl_ext.lab.sweep_table import table_markdown
 
     # 165/256 = 0.64453125 is 0.645 to three decimals; rounding it to four first (0.6445) printed 0.644.
     _run(tmp_path, "grpo", 0, [0.3, 0.5, 165 / 256], [0.25, 0.5, 0.5], [0.5] * 4)
@@ -92,7 +94,7 @@ def test_the_tables_round_each_figure_once(tmp_path):
 
 
 def test_markdown_table_has_a_row_per_configuration_with_its_paired_difference(tmp_path):
-    from verl_ext.cpu.sweep import table_markdown
+    from verl_ext.lab.sweep_table import table_markdown
 
     _run(tmp_path, "grpo", 0, [0.3, 0.5, 0.6], [0.25, 0.5, 0.5], [0.5, 0.5, 0.5, 0.5])
     _run(tmp_path, "grpo", 1, [0.3, 0.4, 0.4], [0.25, 0.25, 0.5], [0.6, 0.6, 0.6, 0.6])
@@ -137,7 +139,7 @@ def test_runs_of_another_protocol_are_neither_reused_nor_pooled(tmp_path):
 
 
 def test_the_warm_start_fingerprint_is_its_weights(tmp_path):
-    from verl_ext.cpu.sweep import warm_start_fingerprint
+    from verl_ext.lab.sweep_runs import warm_start_fingerprint
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -151,7 +153,7 @@ def test_the_warm_start_fingerprint_is_its_weights(tmp_path):
 def test_a_sweep_on_another_warm_start_stops_before_training_and_names_both_machines(tmp_path):
     """Rebuilt on another CPU kind, the warm start's weights differ (float kernels sum in another order): the sweep
     stops before any run trains, naming the run, both fingerprints and the machine each came from."""
-    from verl_ext.cpu.sweep import check_protocol, machine_kind
+    from verl_ext.lab.sweep_runs import check_protocol, machine_kind
 
     here = machine_kind()
     assert here["threads"] >= 1 and here["torch"] and here["cpu"]
@@ -183,7 +185,8 @@ def test_the_sparse_tasks_columns_come_from_each_runs_recorded_files(tmp_path):
     ``signal.json`` (the learning-signal means, so the probe records need not be kept): the table gains the
     originals' zero-advantage fraction and the solved share, over seeds; a swatch table stays as it was. The sparse
     protocol names its task; the swatch one has no ``task`` key (its recorded runs predate it)."""
-    from verl_ext.cpu.sweep import SIGNAL_FILE, table_markdown
+    from verl_ext.lab.sweep_runs import SIGNAL_FILE
+    from verl_ext.lab.sweep_table import table_markdown
 
     assert "task" not in PROTOCOL
     sparse = run_protocol(steps=4, test_freq=2, questions=8, rollout_n=4, warm_start="0" * 16, task="sparse")

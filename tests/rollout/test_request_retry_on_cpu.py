@@ -489,7 +489,7 @@ def test_the_poll_interval_is_a_setting_with_verls_default():
 
 
 def test_cpu_runs_poll_often():
-    from verl_ext.cpu.launch import POLL_INTERVAL_S, accelerator_free_overrides
+    from verl_ext.cpu.overrides import POLL_INTERVAL_S, accelerator_free_overrides
 
     assert POLL_INTERVAL_S < 2.0
     assert f"trainer.v1.sampler.sampler_kwargs.poll_interval_s={POLL_INTERVAL_S}" in accelerator_free_overrides()

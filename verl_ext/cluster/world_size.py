@@ -3,7 +3,7 @@
 ``python -m verl_ext.cluster.world_size RUN_A RUN_B`` (run folders of ``run_scripts/tiny_cpu.sh``, e.g. ``NODES=1``
 and ``NODES=2``) compares
 
-* what each response of the first step was made of, from the actor-input records (:mod:`verl_ext.cpu.probe`), in
+* what each response of the first step was made of, from the actor-input records (:mod:`verl_ext.checks.probe`), in
   key order: prompt and sampled tokens, DIVA's variant and difficulty info, reward, advantage: **exactly**. The
   per-request seeds depend on (seed, step, uid, response), not on the replica that serves a request, and the
   advantage step reads its rows in key order whatever order verl's sequence balancing left them in. Later steps:
@@ -17,10 +17,10 @@ and ``NODES=2``) compares
   - :data:`ROUNDING_NOISE`: verl's rollout-vs-actor comparisons (``rollout_corr/*``, ``training/rollout_*``),
     rounding noise around 0 (or 1) in both runs once the weights are synced (each token's two log-probs agree to
     ~1e-6; sequence sums of ~24 tokens to ~1e-5): equal to ``ROUNDING_ATOL = 1e-4``, the CPU run's own sync
-    tolerance (:data:`verl_ext.cpu.session.LOGPROB_TOLERANCE`), far below a stale sync's 1e-2;
+    tolerance (:data:`verl_ext.checks.session.LOGPROB_TOLERANCE`), far below a stale sync's 1e-2;
   - :data:`RANK_SPLIT`: verl's sequence-balance statistics, per rank by definition (``global_seqlen/mean`` x ranks,
     the step's total tokens, must agree exactly; min/max/spread describe the split);
-  - wall times, throughput and memory (:data:`verl_ext.cpu.same_run.TIME_DEPENDENT`).
+  - wall times, throughput and memory (:data:`verl_ext.checks.same_run.TIME_DEPENDENT`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import math
 import re
 import sys
 
-from verl_ext.cpu.same_run import TIME_DEPENDENT
+from verl_ext.checks.same_run import TIME_DEPENDENT
 
 FLOAT_ORDER = re.compile(r"^(actor|critic)/")
 ROUNDING_NOISE = re.compile(r"^rollout_corr/|^training/rollout_")
@@ -133,7 +133,7 @@ def compare_runs(
     steps_a, steps_b = load_run(run_a).log.steps, load_run(run_b).log.steps
     shared = {s: v for s, v in steps_a.items() if s in steps_b}
     differences, values = metric_differences(shared, steps_b, ranks_a, ranks_b)
-    from verl_ext.cpu.probe import read_actor_inputs
+    from verl_ext.checks.probe import read_actor_inputs
 
     records_a, records_b = read_actor_inputs(run_a), read_actor_inputs(run_b)
     responses = 0

@@ -7,8 +7,10 @@ mode is switched on explicitly, by ``VERL_PLATFORM=cpu`` in every process of the
 
 Modules: :mod:`.platform` (the platform), :mod:`.rollout` (server, replica, adapter), :mod:`.patches`,
 :mod:`.tiny_model` (model, tokenizer and processor built locally), :mod:`.reward` (a reward that separates a
-random model's responses), :mod:`.launch` (the Hydra overrides of a CPU run and its launch), :mod:`.probe` (what the
-actor consumed, for the end-to-end test).
+random model's responses), :mod:`.overrides` and :mod:`.vllm_launcher` (the Hydra overrides of a CPU run, on each
+rollout), :mod:`.runtime_env` (its Ray runtime env), :mod:`.launch` (its launch). This is the backend: the checks
+that prove a run right (:mod:`verl_ext.checks`) and the experiments (:mod:`verl_ext.lab`) import it, never the
+other way round.
 """
 
 from __future__ import annotations

@@ -10,12 +10,12 @@ DIVA-GRPO is GRPO (a z-score over each prompt's responses) plus five additions (
 * ``rrb``: each stream scaled by its group's reward range (``diva.advantage.rrb``).
 
 With all five removed the DIVA trainer is verl's GRPO (the identity check, ``tests/e2e/test_grpo_identity_on_cpu.py``,
-:mod:`verl_ext.cpu.grpo_identity`).
+:mod:`verl_ext.checks.grpo_identity`).
 
-Two routes take them: the CPU launcher's Hydra overrides (:func:`addition_overrides`, with the prompts and responses
-per prompt set by ``verl_ext.cpu.launch.method_overrides``) and the GPU launcher's (``run_scripts/qwen25vl7b_diva.sh``,
-which ``ROLLOUT=vllm`` goes through): its variables where it has one, Hydra overrides after its own arguments where
-it has none (:func:`launcher_ablation`).
+Two routes take them: the CPU launcher's Hydra overrides (:func:`addition_overrides`, with the prompts and responses per
+prompt set by ``verl_ext.cpu.overrides.method_overrides``) and the GPU launcher's (``run_scripts/qwen25vl7b_diva.sh``,
+which ``ROLLOUT=vllm`` goes through): its variables where it has one, Hydra overrides after its own arguments where it
+has none (:func:`launcher_ablation`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import Iterable
 
 ADDITIONS = ("variants", "global_stream", "difficulty_weighting", "batch_norm", "rrb")
 # The Hydra override that removes each addition; ``variants`` changes the prompts per step as well
-# (verl_ext.cpu.launch.method_overrides).
+# (verl_ext.cpu.overrides.method_overrides).
 REMOVED_BY = {
     "variants": "diva.variants.variants_per_question=0",
     "global_stream": "diva.advantage.global_coef=0",
@@ -61,7 +61,7 @@ def launcher_ablation(without: Iterable[str], rollout_n: int) -> tuple[dict[str,
     """``(variables, overrides)`` that remove ``without`` from a run of the GPU launcher ``qwen25vl7b_diva.sh`` whose
     prompts get ``rollout_n`` responses each with the variants on: its variables (``VARIANTS_PER_QUESTION=0`` with
     ``ROLLOUT_N`` times ``1 + variants_per_question`` (1), so the question's one prompt gets the variants' responses
-    too, as :func:`verl_ext.cpu.launch.method_overrides` does; ``DIFFICULTY_K=0``) and the Hydra overrides it has no
+    too, as :func:`verl_ext.cpu.overrides.method_overrides` does; ``DIFFICULTY_K=0``) and the Hydra overrides it has no
     variable for (``global_coef``, ``batch_norm``, ``rrb``), to follow its own arguments."""
     without = checked_additions(without)
     variables: dict[str, str] = {}

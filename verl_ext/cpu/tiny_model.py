@@ -15,7 +15,7 @@ checkpoint. Sizes are chosen for a 2-core CPU:
 
 The main job's model class is Qwen2.5-VL (``Qwen2_5_VLForConditionalGeneration``): the CPU runs build it by default
 (``TINY_ARCH``: :data:`DEFAULT_ARCH`); the swatch task's warm start and the seed sweeps' recorded runs stay on
-Qwen2-VL, which they were recorded with (:mod:`verl_ext.cpu.compare`).
+Qwen2-VL, which they were recorded with (:mod:`verl_ext.lab.compare`).
 """
 
 from __future__ import annotations

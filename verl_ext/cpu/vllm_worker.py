@@ -25,7 +25,7 @@ mode enabled"): the engine does not start. The patch runs ``warming_up_model`` i
 runs its profile.
 
 Used only on vLLM's CPU platform: the patches refuse any other (a GPU run never names this extension; the CPU
-launcher does, :func:`verl_ext.cpu.launch.vllm_cpu_overrides`).
+launcher does, :func:`verl_ext.cpu.vllm_launcher.vllm_cpu_overrides`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """NC-GRPO on a transformers model: the displacement of a flagged request's prompt, in the first forward call only.
 
 ``model.generate`` runs the prompt once (prefill), then one token at a time; a log-prob recomputation
-(:mod:`verl_ext.cpu.logprob_check`) runs prompt and response in one call. In both, the first call of the hooked
+(:mod:`verl_ext.checks.logprob_check`) runs prompt and response in one call. In both, the first call of the hooked
 module sees the prompt's positions ``0 .. prompt_len - 1`` first, and :func:`prefill_noise` displaces those:
 
 * ``layer_input``: a forward pre-hook on decoder layer ``layer`` (``model.get_decoder().layers``; its input is

@@ -1,6 +1,6 @@
 """Numbers in the docs, generated from the recorded sweep runs: ``python -m verl_ext.report.doc_numbers --write``.
 
-The seed sweeps' recorded runs (``benchmarks/results/<folder>/<config>/seed<k>/``, :mod:`verl_ext.cpu.sweep`) are
+The seed sweeps' recorded runs (``benchmarks/results/<folder>/<config>/seed<k>/``, :mod:`verl_ext.lab.sweep`) are
 the project's evidence; a page quotes them only through markers that this module fills from the runs, so that a
 number cannot drift from the run it reads. Two kinds of marker, in any Markdown file:
 
@@ -10,11 +10,11 @@ Blocks, a whole table between two comment lines::
     ... (replaced) ...
     <!-- /generated -->
 
-``sweep-table FOLDER [configs=a,b]`` is the sweep's own table (:func:`verl_ext.cpu.sweep.table_markdown`);
+``sweep-table FOLDER [configs=a,b]`` is the sweep's own table (:func:`verl_ext.lab.sweep_table.table_markdown`);
 ``sweep-curves FOLDER configs=a,b seeds=0,1 [view=greedy]`` the validation at every validated step, one row per
 configuration and seed, each row's best in bold; ``sweep-seeds FOLDER [configs=a,b]`` each seed's best sampled
 accuracy and its difference from GRPO at that seed. ``cpu-ledger`` (docs/stack.md) is the table of
-:func:`verl_ext.cpu.ledger.ledger_markdown`, every config difference between a GPU launcher and its CPU run.
+:func:`verl_ext.checks.ledger.ledger_markdown`, every config difference between a GPU launcher and its CPU run.
 
 Inline figures, one number in prose::
 
@@ -42,11 +42,11 @@ under ``benchmarks/results``. ``TARGET`` is a configuration (the table's figure 
 ``unsolved_gain``           (the sparse task) the change of those questions' right-answer log-probability
                             from the warm start to the final policy
 ``questions:PATH``          (the sparse task) a figure of a run's ``questions.json``
-                            (:func:`verl_ext.cpu.sparse_task.solved_record`), ``PATH`` as in ``property:PATH``:
+                            (:func:`verl_ext.lab.solved_questions.solved_record`), ``PATH`` as in ``property:PATH``:
                             ``unsolved_right_log_prob_parts.end.colour``; of a configuration, its mean over seeds
 ``runs``                    (``*``) the runs that finished (``done.json``)
 ``property:PATH``           (``*``) a figure of the folder's ``properties.json`` (the sparse task's warm start,
-                            :func:`verl_ext.cpu.sparse_task.task_properties`), ``PATH`` dotted, a list's item by
+                            :func:`verl_ext.lab.sparse_task.task_properties`), ``PATH`` dotted, a list's item by
                             its index: ``unsolved.share``, ``hints_transfer.trajectory.-1.log_prob``
 ``common:OTHER``            (``*``) the runs (configuration and seed) that sweep OTHER also holds
 ``repeats:OTHER``           (``*``) how many of those log OTHER's values again over the steps both ran
@@ -111,9 +111,9 @@ TABLE_FIELDS = {
     "zero": "zero_advantage_fraction",
     "responses": "responses",
     "minutes": "minutes",
-    # The sparse task's (verl_ext.cpu.sweep.SPARSE_COLUMNS): the originals' own zero-advantage fraction, the share of
-    # the validation questions unsolved at the warm start that the final policy solves, and how far it moved their
-    # right answer's log-probability.
+    # The sparse task's (verl_ext.lab.sweep_table.SPARSE_COLUMNS): the originals' own zero-advantage fraction, the
+    # share of the validation questions unsolved at the warm start that the final policy solves, and how far it moved
+    # their right answer's log-probability.
     "original_zero": "original_zero_advantage_fraction",
     "solved": "unsolved_solved_share",
     "unsolved_gain": "unsolved_log_prob_change",
@@ -128,14 +128,14 @@ class DocNumbersError(ValueError):
 
 @dataclass
 class Sweep:
-    """One recorded sweep folder, tabulated once (:func:`verl_ext.cpu.sweep.summarise`)."""
+    """One recorded sweep folder, tabulated once (:func:`verl_ext.lab.sweep_table.summarise`)."""
 
     folder: Path
     logs: dict = field(default_factory=dict)
 
     @cached_property
     def configs(self) -> list[str]:
-        from verl_ext.cpu.sweep import CONFIGS
+        from verl_ext.lab.sweep_configs import CONFIGS
 
         # Configurations with a finished run (a sweep in progress leaves folders without done.json).
         return [c for c in CONFIGS if any((self.folder / c).glob("seed*/done.json"))]
@@ -147,7 +147,7 @@ class Sweep:
 
     @cached_property
     def summary(self) -> dict:
-        from verl_ext.cpu.sweep import summarise
+        from verl_ext.lab.sweep_table import summarise
 
         if not self.configs:
             raise DocNumbersError(f"{self.folder}: no recorded runs (expected <config>/seed<k>/done.json)")
@@ -345,8 +345,8 @@ class Generator:
 
     def block(self, spec: str) -> str:
         kind, *args = spec.split()
-        if kind == "cpu-ledger":  # not a sweep: the config ledger of docs/stack.md (verl_ext/cpu/ledger.py)
-            from verl_ext.cpu.ledger import ledger_markdown
+        if kind == "cpu-ledger":  # not a sweep: the config ledger of docs/stack.md (verl_ext/checks/ledger.py)
+            from verl_ext.checks.ledger import ledger_markdown
 
             return ledger_markdown()
         if not args:
@@ -357,7 +357,7 @@ class Generator:
         for config in configs:
             sweep.row(config)
         if kind == "sweep-table":
-            from verl_ext.cpu.sweep import table_markdown
+            from verl_ext.lab.sweep_table import table_markdown
 
             return "\n".join(table_markdown({c: sweep.row(c) for c in configs}))
         if kind == "sweep-curves":
@@ -570,7 +570,7 @@ def recorded_tables(root: Path = REPO_ROOT, generator: Generator | None = None) 
     the folder's ``sweep.json`` (the order they ran in)."""
     import json
 
-    from verl_ext.cpu.sweep import table_markdown
+    from verl_ext.lab.sweep_table import table_markdown
 
     generator = generator or Generator(root)
     texts = {}

@@ -8,7 +8,7 @@ A run is given as a folder or as one metrics log file:
   ``<experiment>.jsonl`` and, after a resume, ``<experiment>_resumed.jsonl``). All of them are one run, merged.
   Other ``.jsonl`` files (quarantines, rollout dumps) are recognised by their first line and ignored.
 - metrics files given one by one: a file and its resumed part (``x.jsonl`` and ``x_resumed.jsonl``, as
-  :mod:`verl_ext.cpu.session` names them) given together are one run (:func:`group_resumed`).
+  :mod:`verl_ext.checks.session` names them) given together are one run (:func:`group_resumed`).
 - difficulty states: ``global_step_N/diva_difficulty.json`` in the folder or in its ``checkpoints/`` subfolder.
   A log file given alone reads the states of its folder the same way.
 """
@@ -22,7 +22,7 @@ from verl_ext.report.logs import MetricLog, ReportError, is_metric_log, merge_lo
 from verl_ext.report.states import DifficultyStates, read_states
 
 LOG_SUBDIRS = ("", "logs", "metrics/*")
-RESUMED_SUFFIX = "_resumed"  # verl_ext.cpu.session.RESUMED_SUFFIX (kept free of that module's imports)
+RESUMED_SUFFIX = "_resumed"  # verl_ext.checks.session.RESUMED_SUFFIX (kept free of that module's imports)
 
 
 @dataclass

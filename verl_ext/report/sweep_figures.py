@@ -1,6 +1,6 @@
 """A seed sweep's curves as small multiples: one panel per configuration, its mean over seeds and their range.
 
-``curves`` is ``{config: {seed: (steps, values)}}`` (one validation curve per finished run; :mod:`verl_ext.cpu.sweep`
+``curves`` is ``{config: {seed: (steps, values)}}`` (one validation curve per finished run; :mod:`verl_ext.lab.sweep`
 builds it). Per configuration, at each step that any of its seeds logged: the mean over the seeds that logged it
 (the line) and their minimum and maximum (the band). The baseline configuration's mean is drawn in grey in every
 other panel; a configuration whose curve equals another's at every seed (:func:`.coincide.coincident_configs`) says

@@ -18,14 +18,16 @@ import os
 
 import torch
 
-PROBE_ENV = "DIVA_CPU_PROBE_DIR"
+# The probe folder's variable, named in the backend that sets it (verl_ext.cpu.runtime_env); the task runner and the
+# checks read it from here.
+from verl_ext.cpu.names import PROBE_ENV  # noqa: F401
 
 # Fields the actor reads, and what the checks need besides; missing ones (e.g. extra_info with verl's plain
 # dataset, rollout_log_probs without calculate_log_probs) are left out.
 # blind_log_probs: PGPO's blind pass (verl_ext.pgpo).
 TENSOR_FIELDS = ("advantages", "response_mask", "rm_scores", "old_log_probs", "rollout_log_probs", "blind_log_probs")
 # One unpadded tensor per sample: the whole sequence and the response, for the exact log-prob check of the vLLM
-# rollout (verl_ext.cpu.logprob_check), which runs the sequences through the step's weights again.
+# rollout (verl_ext.checks.logprob_check), which runs the sequences through the step's weights again.
 SEQUENCE_FIELDS = ("input_ids", "responses")
 OBJECT_FIELDS = ("uid", "extra_info", "extra_fields", "multi_modal_inputs")
 

@@ -8,10 +8,10 @@ per question with all its responses, the advantage a z-score over them. A run of
 then log the same values. :func:`compare_runs` reads both run folders and compares
 
 * every metric both logged at every step (verl's file logger, merged as ``diva-report`` merges it), but for those
-  that measure the machine rather than the run (:data:`verl_ext.cpu.same_run.TIME_DEPENDENT`); metrics only one
+  that measure the machine rather than the run (:data:`verl_ext.checks.same_run.TIME_DEPENDENT`); metrics only one
   method logs (``diva/...``, ``grpo/...``) are listed, not compared, except the collapse rate, the training accuracy
   and the advantage statistics, which both log under their own names (:data:`SAME_METRIC`);
-* what the actor consumed (the probe records, :mod:`verl_ext.cpu.probe`), response by response, matched by their
+* what the actor consumed (the probe records, :mod:`verl_ext.checks.probe`), response by response, matched by their
   TransferQueue key (the same in both runs: :func:`verl_ext.rollout.seeds.prompt_uid`): the prompt and response
   tokens and the response mask, the reward, the advantage and the old and rollout log-probs of every response token.
 
@@ -24,8 +24,8 @@ before it, verl's plain dataset sent the images unlimited, and the two runs saw 
 :func:`prepare_task` also writes the tiny run's task at the size the model takes (:func:`model_size`), so that the
 check does not rest on the resize either.
 
-``python -m verl_ext.cpu.grpo_identity task WORKDIR`` prepares that task in a ``run_scripts/tiny_cpu.sh`` work
-folder; ``python -m verl_ext.cpu.grpo_identity compare GRPO_RUN DIVA_RUN`` prints the comparison (``--json FILE``
+``python -m verl_ext.checks.grpo_identity task WORKDIR`` prepares that task in a ``run_scripts/tiny_cpu.sh`` work
+folder; ``python -m verl_ext.checks.grpo_identity compare GRPO_RUN DIVA_RUN`` prints the comparison (``--json FILE``
 writes it) and exits 1 when a value differs beyond its tolerance (docs/algo/diva_grpo.md, "GRPO inside DIVA").
 """
 
@@ -39,7 +39,7 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field
 
-from verl_ext.cpu.same_run import TIME_DEPENDENT
+from verl_ext.checks.same_run import TIME_DEPENDENT
 
 
 @dataclass(frozen=True)
@@ -270,7 +270,7 @@ def compare_records(reference: dict[int, dict], candidate: dict[int, dict], stat
 
 def compare_runs(reference_dir: str, candidate_dir: str) -> IdentityResult:
     """:func:`compare_metrics` and :func:`compare_records` of two run folders (the reference: the GRPO baseline)."""
-    from verl_ext.cpu.probe import read_actor_inputs
+    from verl_ext.checks.probe import read_actor_inputs
     from verl_ext.report.run import load_run
 
     stats: dict[str, KeyStats] = {}

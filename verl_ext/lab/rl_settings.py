@@ -1,5 +1,5 @@
 """The RL settings every tiny CPU run shares (the comparison, the sweep and the sparse task's property measures):
-a leaf module, so that :mod:`verl_ext.cpu.compare` and :mod:`verl_ext.cpu.sparse_task` both read them without
+a leaf module, so that :mod:`verl_ext.lab.compare` and :mod:`verl_ext.lab.sparse_task` both read them without
 importing each other."""
 
 # Sampling temperature of the training rollouts, every method alike. At 1.0 the tiny warm policy also samples the

@@ -1,4 +1,4 @@
-"""Where a run's learning signal went, step by step, from the actor-input records (:mod:`verl_ext.cpu.probe`).
+"""Where a run's learning signal went, step by step, from the actor-input records (:mod:`verl_ext.checks.probe`).
 
 Validation asks the original questions only. A method's update moves the policy on those prompts through the
 advantages it gives the responses *to* them (and, less directly, through responses to variants of them). For every
@@ -14,7 +14,7 @@ trained step :func:`signal_figures` reads what the actor consumed and reports:
 * ``advantage_rms``: the root mean square advantage over all responses (the scale of the policy-gradient loss);
 * ``grad_norm``: the actor's gradient norm.
 
-``python -m verl_ext.cpu.learning_signal RUN [RUN ...]`` prints each run's means over its steps.
+``python -m verl_ext.lab.learning_signal RUN [RUN ...]`` prints each run's means over its steps.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def step_signal(record: dict) -> dict:
 
 def signal_figures(run_dir: str) -> list[dict]:
     """:func:`step_signal` of every step the run recorded, in step order."""
-    from verl_ext.cpu.probe import read_actor_inputs
+    from verl_ext.checks.probe import read_actor_inputs
 
     records = read_actor_inputs(run_dir)
     if not records:

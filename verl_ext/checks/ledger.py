@@ -1,11 +1,11 @@
 """The ledger of every config difference between a method's GPU job and its CPU run on the main job's stack.
 
 The CPU run on verl's vLLM rollout is the method's GPU launcher (``run_scripts/qwen25vl7b_<method>.sh``) with the
-launcher variables and Hydra overrides of :mod:`verl_ext.cpu.launch`. :func:`config_differences` composes both final
-configs with Hydra, as the job does, and returns every leaf that differs, with its value on each side. Each must be
-an entry of :data:`verl_ext.cpu.launch.VLLM_CPU_CHANGES` (the ledger: the setting, the keys, why), and each entry
-must still differ for some method: :func:`ledger_problems` says which is not so (the CI test runs it for every
-method). :func:`ledger_markdown` is the table of docs/stack.md (``python -m verl_ext.cpu.ledger`` prints it;
+launcher variables and Hydra overrides of :mod:`verl_ext.cpu.vllm_launcher`. :func:`config_differences` composes both
+final configs with Hydra, as the job does, and returns every leaf that differs, with its value on each side. Each must
+be an entry of :data:`verl_ext.checks.cpu_changes.VLLM_CPU_CHANGES` (the ledger's data: the setting, the keys, why), and
+each entry must still differ for some method: :func:`ledger_problems` says which is not so (the CI test runs it for
+every method). :func:`ledger_markdown` is the table of docs/stack.md (``python -m verl_ext.checks.ledger`` prints it;
 ``python -m verl_ext.report.doc_numbers --write`` writes it there).
 """
 
@@ -57,7 +57,7 @@ def _leaves(tree, prefix: str = "") -> dict:
 def cpu_run_overrides(method: str, extra: tuple[str, ...] = ()) -> list[str]:
     """The CPU run of ``method`` on verl's vLLM rollout: its GPU launcher with the CPU's variables, then the
     overrides the launcher has no variable for (``run_scripts/tiny_cpu.sh ROLLOUT=vllm``), then ``extra``."""
-    from verl_ext.cpu.launch import launcher_for, vllm_cpu_overrides, vllm_launcher_env
+    from verl_ext.cpu.vllm_launcher import launcher_for, vllm_cpu_overrides, vllm_launcher_env
 
     env = vllm_launcher_env(PLACEHOLDER_PATHS, PLACEHOLDER_RUN, method=method)
     return launcher_overrides(launcher_for(method), env) + vllm_cpu_overrides(method=method, steps=3) + list(extra)
@@ -65,7 +65,7 @@ def cpu_run_overrides(method: str, extra: tuple[str, ...] = ()) -> list[str]:
 
 @cache
 def gpu_job_leaves(method: str) -> dict[str, object]:
-    from verl_ext.cpu.launch import launcher_for
+    from verl_ext.cpu.vllm_launcher import launcher_for
 
     return compose_leaves(launcher_overrides(launcher_for(method), {}))
 
@@ -89,7 +89,7 @@ def ledger_problems(differences: dict[str, dict[str, tuple]], changes=None) -> l
     """What the ledger (``changes``, default :data:`VLLM_CPU_CHANGES`) does not account for, given
     ``{method: config_differences(method)}``: a difference no entry lists, and an entry key that differs for no
     method (a stale entry: the CPU run now runs the GPU's value)."""
-    from verl_ext.cpu.launch import VLLM_CPU_CHANGES
+    from verl_ext.checks.cpu_changes import VLLM_CPU_CHANGES
 
     changes = VLLM_CPU_CHANGES if changes is None else changes
     listed = [key for change in changes for key in change.keys]
@@ -99,7 +99,7 @@ def ledger_problems(differences: dict[str, dict[str, tuple]], changes=None) -> l
             if not _listed(key, listed):
                 problems.append(
                     f"{method}: {key} is {gpu!r} in the GPU job and {cpu!r} in the CPU run, and no entry of "
-                    "VLLM_CPU_CHANGES (verl_ext/cpu/launch.py) says why: add one, or run the GPU's value"
+                    "VLLM_CPU_CHANGES (verl_ext/checks/cpu_changes.py) says why: add one, or run the GPU's value"
                 )
     for change in changes:
         for key in change.keys:
@@ -129,7 +129,7 @@ def _short(value) -> str:
 def ledger_markdown(differences: dict[str, dict[str, tuple]] | None = None) -> str:
     """docs/stack.md's table: one row per ledger entry, each key it changes with its GPU and CPU values (over every
     method; several values: the methods differ), and why."""
-    from verl_ext.cpu.launch import VLLM_CPU_CHANGES
+    from verl_ext.checks.cpu_changes import VLLM_CPU_CHANGES
 
     differences = differences if differences is not None else {m: config_differences(m) for m in METHODS}
     lines = [

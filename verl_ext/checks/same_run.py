@@ -1,6 +1,6 @@
 """Two runs of one seed compared metric by metric: the check of the determinism and crash tests.
 
-``python -m verl_ext.cpu.same_run EXPECTED_RUN ACTUAL_RUN`` reads both run folders as ``diva-report`` does (every
+``python -m verl_ext.checks.same_run EXPECTED_RUN ACTUAL_RUN`` reads both run folders as ``diva-report`` does (every
 metrics log merged, a restarted job's earlier attempts included) and prints each logged value of EXPECTED that
 ACTUAL does not repeat exactly; exit status 1 if there is one. Values that measure the machine, not the run (wall
 times, throughput, memory: :data:`TIME_DEPENDENT`) are not compared. ACTUAL may log more (a resumed job validates

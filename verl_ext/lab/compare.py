@@ -1,9 +1,9 @@
 """Every method side by side on a task the tiny CPU model can learn: ``run_scripts/compare_tiny.sh`` runs this.
 
-From one warm start (:func:`prepare_swatch`: the tiny Qwen2-VL supervised into a base policy that half-solves
-``diva-prep swatch`` questions, its greedy validation accuracy checked to be in 20-60%; or, ``--task sparse``,
-:func:`verl_ext.cpu.sparse_task.prepare_sparse`: DIVA-GRPO's regime, its properties printed), each method trains for
-the same number of steps, with the same seed, data and responses per question (``2 n``: DIVA as original + 1
+From one warm start (:func:`verl_ext.lab.tasks.prepare_swatch`: the tiny Qwen2-VL supervised into a base policy that
+half-solves ``diva-prep swatch`` questions, its greedy validation accuracy checked to be in 20-60%; or, ``--task
+sparse``, :func:`verl_ext.lab.sparse_task.prepare_sparse`: DIVA-GRPO's regime, its properties printed), each method
+trains for the same number of steps, with the same seed, data and responses per question (``2 n``: DIVA as original + 1
 variant x ``n``, the others as 1 prompt x ``2 n``), each as its own Ray job through the launchers'
 ``run_scripts/_submit.sh`` (verl's trainer, FSDP2 worker, ``hf_cpu`` rollout, the project's reward
 :func:`verl_ext.reward.compute_score`), validating before training and every ``test_freq`` steps (greedy). Then
@@ -19,7 +19,7 @@ variant x ``n``, the others as 1 prompt x ``2 n``), each as its own Ray job thro
                                      "accuracy_gap_by_variant": {"<kind>": gap, ...},
                                      "difficulty_of_solved": d1, "difficulty_of_failed": d2}},
      "claims": {...},
-     # TASK=sparse only: the warm start's three properties (verl_ext.cpu.sparse_task.task_properties), and per
+     # TASK=sparse only: the warm start's three properties (verl_ext.lab.sparse_task.task_properties), and per
      # method "unsolved_solved_share": the warm start's unsolved validation questions its final policy solves
      "properties": {...}}
 
@@ -34,163 +34,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from verl_ext.cpu.rl_settings import RL_LR, ROLLOUT_TEMPERATURE
+from verl_ext.lab.runs import REPO_ROOT, method_run
+from verl_ext.lab.tasks import QUESTIONS_PER_STEP, TASKS, announce_task, prepare_task, task_overrides
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 ALL_METHODS = ("grpo", "diva_grpo", "avspo", "codapo", "durian", "pgpo", "mupo", "noise_contrastive_grpo")
 QUICK_METHODS = ("grpo", "diva_grpo")
-# The tiny runs' RL settings (ROLLOUT_TEMPERATURE, RL_LR) live in a leaf module the sparse task shares.
-
-
-# The learnable task (data_prep.swatch): 64 validation questions (10 points of accuracy are 6-7 questions), and 8
-# training questions, all of them in every step (QUESTIONS_PER_STEP), so that DIVA plans from a moved difficulty
-# table from the second step on (at first every question is at d_init, and middling questions get paraphrases) and
-# the zero-advantage fraction moves in eighths, not quarters.
-SWATCH_TRAIN_QUESTIONS = 8
-SWATCH_VAL_QUESTIONS = 64
-QUESTIONS_PER_STEP = 8
-SWATCH_RESPONSE_LENGTH = 32  # "<think>yellow</think>\boxed{4}" and the end token fit
-
-
-def prepare_swatch(workdir: str, seed: int = 0) -> dict:
-    """The learnable CPU task: the tiny model warm-started (:mod:`verl_ext.cpu.warm_start`) into a base policy that
-    half-solves ``diva-prep swatch`` questions, under ``workdir`` (reused when present). Returns the paths
-    (``model`` is the warm-started one) and ``warm_start`` (its state: validation accuracy, steps)."""
-    from verl_ext.cpu.warm_start import prepare_warm_started
-
-    return prepare_warm_started(
-        workdir,
-        seed,
-        model_folder=f"warm_start_seed{seed}",
-        data_name="swatch",
-        train_questions=SWATCH_TRAIN_QUESTIONS,
-        val_questions=SWATCH_VAL_QUESTIONS,
-    )
-
-
-TASKS = ("swatch", "sparse")
-
-
-def prepare_task(task: str, workdir: str, seed: int = 0) -> dict:
-    """The task's warm start and data under ``workdir``: ``swatch`` (:func:`prepare_swatch`) or ``sparse``
-    (:func:`verl_ext.cpu.sparse_task.prepare_sparse`: DIVA-GRPO's regime, its three properties measured)."""
-    if task == "swatch":
-        return prepare_swatch(workdir, seed=seed)
-    if task == "sparse":
-        from verl_ext.cpu.sparse_task import prepare_sparse
-
-        return prepare_sparse(workdir, seed=seed)
-    raise ValueError(f"TASK must be one of {list(TASKS)}, got {task!r}")
-
-
-def task_overrides(task: str) -> tuple[str, ...]:
-    """Hydra overrides a task's runs add: the sparse task keeps the final weights as a Hugging Face folder, which
-    :func:`verl_ext.cpu.sparse_task.question_accuracy` reads for the questions each run solved."""
-    return (
-        ("actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",)
-        if task == "sparse"
-        else ()
-    )
-
-
-def announce_task(task: str, paths: dict, tag: str) -> None:
-    """Print the warm start's accuracy and, for the sparse task, its three properties."""
-    print(f"[{tag}] {task} task, warm start: validation accuracy {paths['warm_start']['val_accuracy']:.3f}", flush=True)
-    if "properties" in paths:
-        from verl_ext.cpu.sparse_task import property_lines
-
-        for line in property_lines(paths["properties"]):
-            print(line, flush=True)
-
-
-def method_run(
-    method: str,
-    paths: dict,
-    out: Path,
-    *,
-    steps: int,
-    test_freq: int,
-    seed: int,
-    questions: int,
-    rollout_n: int,
-    run_dir: Path | None = None,
-    without: tuple[str, ...] = (),
-    extra: tuple[str, ...] = (),
-    val_samples: int | None = None,
-) -> dict:
-    """Train ``method`` into ``run_dir`` (default ``out/<method>``) with the launchers' submit script; returns its
-    wall time. ``without``: DIVA-GRPO's additions removed (:mod:`verl_ext.cpu.ablations`); ``extra``: Hydra
-    overrides appended (a released option); ``val_samples``: ``paths["val"]`` is a
-    :func:`data_prep.validation_views` file, validated with the paper's sampling (temperature 0.6, top-p 0.95:
-    the recipe's ``val_kwargs``) ``val_samples`` times per question beside its greedy copy; ``None``: greedy only."""
-    from verl_ext.cpu.launch import cpu_overrides, runtime_env
-
-    # Absolute: the job runs in Ray's copy of the repository, where a relative metrics folder (the runtime env's
-    # VERL_FILE_LOGGER_ROOT) would be written and lost (a relative OUT once left finished runs without metrics).
-    out = Path(out).resolve()
-    run_dir = Path(run_dir).resolve() if run_dir is not None else out / method
-    run_dir.mkdir(parents=True, exist_ok=True)
-    args = cpu_overrides(
-        paths,
-        str(run_dir / "checkpoints"),
-        method=method,
-        steps=steps,
-        save_freq=test_freq,
-        questions=questions,
-        rollout_n=rollout_n,
-        response_length=SWATCH_RESPONSE_LENGTH,
-        experiment=f"compare_{run_dir.relative_to(out).as_posix().replace('/', '_')}",
-        ray_init=False,
-        reward="paper",
-        test_freq=test_freq,
-        seed=seed,
-        lr=RL_LR,
-        without=without,
-    )
-    if val_samples is not None:
-        # verl's sampling for the whole pass is the recipe's val_kwargs (0.6, 0.95); greedy rows say so themselves.
-        args = [a for a in args if not a.startswith("actor_rollout_ref.rollout.val_kwargs.")]
-        args += [
-            "actor_rollout_ref.rollout.val_kwargs.do_sample=true",
-            f"actor_rollout_ref.rollout.val_kwargs.n={val_samples}",
-        ]
-    args.append(f"actor_rollout_ref.rollout.temperature={ROLLOUT_TEMPERATURE}")
-    args += list(extra)
-    import yaml
-
-    env_file = run_dir / "runtime_env.yaml"
-    env_file.write_text(yaml.safe_dump(runtime_env(str(run_dir), str(REPO_ROOT)), sort_keys=False))
-    env = {
-        **os.environ,
-        "CPU_E2E": "1",
-        "DIVA_RUNTIME_ENV": str(env_file),
-        "VERL_PLATFORM": "cpu",
-        "VERL_ENGINE_DEVICE": "cuda",
-        "DIVA_LAUNCHER": "run_scripts/compare_tiny.sh",
-    }
-    env.pop("RAY_ADDRESS", None)
-    started = time.perf_counter()
-    with open(run_dir / "train.log", "w") as log:
-        proc = subprocess.run(
-            ["bash", str(REPO_ROOT / "run_scripts" / "_submit.sh"), *args],
-            cwd=REPO_ROOT,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    seconds = time.perf_counter() - started
-    if proc.returncode != 0:
-        tail = (run_dir / "train.log").read_text(errors="replace")[-3000:]
-        raise RuntimeError(
-            f"{run_dir.name}: training failed (exit {proc.returncode}); {run_dir / 'train.log'} ends:\n{tail}"
-        )
-    return {"seconds": seconds}
 
 
 def _pairs(log, key: str) -> list[list]:
@@ -290,6 +143,28 @@ def claims(comparison: dict, margin: float = 0.10) -> dict:
     return out
 
 
+def _trained_entry(method: str, paths: dict, out: Path, task: str, run: dict) -> dict:
+    """Train ``method`` (``run``: steps, test_freq, seed, questions, rollout_n) and return its comparison entry."""
+    print(f"[compare] {method}: training {run['steps']} steps", flush=True)
+    timing = method_run(method, paths, out, **run, extra=task_overrides(task))
+    entry = method_entry(method, out / method)
+    entry["minutes"] = round(timing["seconds"] / 60, 2)
+    if task == "sparse":  # the warm start's unsolved validation questions that the final policy solves
+        from verl_ext.lab.solved_questions import solved_record
+
+        record = solved_record(out / method, paths["model"], paths["val"], paths["properties"], seed=0)
+        entry["unsolved_solved_share"] = record["solved_share"]
+    print(f"[compare] {method}: validation {entry['val_accuracy']} ({entry['minutes']} min)", flush=True)
+    return entry
+
+
+def _write_report(out: Path, methods: list[str]) -> None:
+    """``diva-report`` over every method's run (the first is the baseline) into ``out/report``."""
+    runs = [str(out / m) for m in methods]
+    report = [sys.executable, "-m", "verl_ext.report", *runs, "--output", str(out / "report")]
+    subprocess.run(report, check=True, cwd=REPO_ROOT)
+
+
 def compare(
     out: Path,
     methods: list[str],
@@ -330,40 +205,13 @@ def compare(
     }
     if "properties" in paths:
         comparison["properties"] = paths["properties"]
+    run = dict(steps=steps, test_freq=test_freq, seed=seed, questions=questions, rollout_n=rollout_n)
     for method in methods:
-        print(f"[compare] {method}: training {steps} steps", flush=True)
-        timing = method_run(
-            method,
-            paths,
-            out,
-            steps=steps,
-            test_freq=test_freq,
-            seed=seed,
-            questions=questions,
-            rollout_n=rollout_n,
-            extra=task_overrides(task),
-        )
-        entry = method_entry(method, out / method)
-        entry["minutes"] = round(timing["seconds"] / 60, 2)
-        if task == "sparse":  # the warm start's unsolved validation questions that the final policy solves
-            from verl_ext.cpu.sparse_task import solved_record
-
-            record = solved_record(out / method, paths["model"], paths["val"], paths["properties"], seed=0)
-            entry["unsolved_solved_share"] = record["solved_share"]
-        comparison["methods"][method] = entry
-        print(f"[compare] {method}: validation {entry['val_accuracy']} ({entry['minutes']} min)", flush=True)
+        comparison["methods"][method] = _trained_entry(method, paths, out, task, run)
     comparison["claims"] = claims(comparison)
     comparison["minutes"] = round((time.perf_counter() - started) / 60, 2)
     (out / "comparison.json").write_text(json.dumps(comparison, indent=1))
-    report = [
-        sys.executable,
-        "-m",
-        "verl_ext.report",
-        *[str(out / m) for m in methods],
-        "--output",
-        str(out / "report"),
-    ]
-    subprocess.run(report, check=True, cwd=REPO_ROOT)
+    _write_report(out, methods)
     return comparison
 
 

@@ -4,7 +4,7 @@
 job): verl's own ``run_ppo`` twice in one driver, the second time with ``trainer.resume_mode=auto`` on the first
 run's checkpoint folder, under another experiment name so that nothing of the first run (its difficulty service
 actor above all) is found in memory: the resumed state can only come from the checkpoint. :func:`summarize` reads
-what the runs wrote (verl's file-logger metrics, the checkpoint, :mod:`verl_ext.cpu.probe` records) and checks
+what the runs wrote (verl's file-logger metrics, the checkpoint, :mod:`verl_ext.checks.probe` records) and checks
 the facts a real run must show; :func:`format_summary` prints them like the preflight's summary.
 """
 
@@ -20,7 +20,7 @@ from copy import deepcopy
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from verl_ext.cpu.probe import PROBE_ENV
+from verl_ext.checks.probe import PROBE_ENV
 
 # The largest |mean rollout log-prob - mean actor log-prob| of a response (verl's rollout_corr/log_ppl_abs_diff)
 # accepted as "the weights were synced". Float32 on both sides: ~1e-6 with the sync.
@@ -110,8 +110,9 @@ def _checked(entry: dict, exact_check: bool = False, own_gap_key: str | None = N
     if loss is None or not math.isfinite(loss) or (lengths_vary and loss == 0.0):
         raise CpuRunError(f"step {step}: actor/pg_loss={loss}; a real step has a finite loss, non-zero here")
     gap = data.get(own_gap_key, data.get("rollout_corr/log_ppl_abs_diff"))
-    # verl's vLLM rollout normalises over the tokens its sampler allows: checked exactly by verl_ext.cpu.logprob_check
-    # (exact_check) instead of against this metric, which then also measures the banned tokens' mass.
+    # verl's vLLM rollout normalises over the tokens its sampler allows: checked exactly by
+    # verl_ext.checks.logprob_check (exact_check) instead of against this metric, which then also measures the
+    # banned tokens' mass.
     if gap is None or (not exact_check and gap > LOGPROB_TOLERANCE):
         raise CpuRunError(
             f"step {step}: rollout and actor log-probs differ by {gap} per token (> {LOGPROB_TOLERANCE}): the "
@@ -174,8 +175,8 @@ def summarize(config: DictConfig, resume_steps: int) -> dict:
 
 
 def exact_logprob_check(config: DictConfig, probe_dir: str | None) -> dict:
-    """:mod:`verl_ext.cpu.logprob_check` over every probed step; raises :class:`CpuRunError` when it fails."""
-    from verl_ext.cpu.logprob_check import LogprobCheckError, check_rollout_logprobs, weights_by_step
+    """:mod:`verl_ext.checks.logprob_check` over every probed step; raises :class:`CpuRunError` when it fails."""
+    from verl_ext.checks.logprob_check import LogprobCheckError, check_rollout_logprobs, weights_by_step
 
     if not probe_dir:
         raise CpuRunError(f"the vLLM rollout's log-prob check reads the actor inputs: set {PROBE_ENV}")
