@@ -16,6 +16,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from record import add_no_record, record
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -49,18 +51,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--test-freq", type=int, default=4)
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: a temporary folder)")
     parser.add_argument("--from", dest="done", type=Path, default=None, help="read a finished comparison's folder")
+    add_no_record(parser)
     args = parser.parse_args(argv)
+    name = None if args.no_record else ("compare_tiny_quick" if args.quick else "compare_tiny")
     if args.done is not None:
-        return _report(args.done, json.loads((args.done / "comparison.json").read_text()))
+        return _report(args.done, json.loads((args.done / "comparison.json").read_text()), name, argv)
     methods = args.methods.split() if args.methods else list(QUICK_METHODS if args.quick else ALL_METHODS)
     steps, test_freq = (2, 2) if args.quick else (args.steps, args.test_freq)
     with tempfile.TemporaryDirectory(prefix="bench_compare_") as tmp:
         out = args.out or Path(tmp)
-        return _report(out, compare(out, methods, steps=steps, test_freq=test_freq))
+        return _report(out, compare(out, methods, steps=steps, test_freq=test_freq), name, argv)
 
 
-def _report(out: Path, comparison: dict) -> dict:
-    """Print the per-method lines and, last, the JSON figures of the comparison in ``out``; returns the figures."""
+def _report(out: Path, comparison: dict, name: str | None = None, argv: list[str] | None = None) -> dict:
+    """Print the per-method lines and, last, the JSON figures of the comparison in ``out``; returns the figures,
+    recorded as ``benchmarks/results/<name>/`` unless ``name`` is None."""
     settings = comparison["settings"]
     result = {
         "benchmark": "compare_tiny",
@@ -75,6 +80,8 @@ def _report(out: Path, comparison: dict) -> dict:
             f"{method:10s} wall {row['wall_minutes']:6.2f} min  train {row['train_seconds']:7.1f} s  "
             f"{row['steps_per_minute']} steps/min"
         )
+    if name is not None:
+        record(name, result, argv)
     print(json.dumps(result))
     return result
 

@@ -40,6 +40,7 @@ import time
 
 import numpy as np
 import torch
+from record import add_no_record, record
 
 from verl_ext.algos.collapse import in_collapsed_group
 from verl_ext.nc_grpo.branching import branch_metrics, branch_warning, first_difference
@@ -177,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=8, help="responses per question (half noised)")
     parser.add_argument("--scales", type=float, nargs="+", default=None, help=f"default {SCALES} (quick: 0.5)")
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "diva_bench_nc_grpo"))
+    add_no_record(parser)
     args = parser.parse_args(argv)
     args.scales = args.scales or ([0.5] if args.quick else list(SCALES))
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
@@ -204,18 +206,17 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(_table(task, tasks[task])), file=sys.stderr, flush=True)
     for task, figures in tasks.items():
         print("\n".join(_table(task, figures)), flush=True)
-    print(
-        json.dumps(
-            {
-                "benchmark": "nc_grpo_branching",
-                "quick": args.quick,
-                "questions": args.questions,
-                "n": args.n,
-                "seconds": round(time.perf_counter() - started, 1),
-                "tasks": tasks,
-            }
-        )
-    )
+    figures = {
+        "benchmark": "nc_grpo_branching",
+        "quick": args.quick,
+        "questions": args.questions,
+        "n": args.n,
+        "seconds": round(time.perf_counter() - started, 1),
+        "tasks": tasks,
+    }
+    if not args.no_record:
+        record("nc_grpo_branching_quick" if args.quick else "nc_grpo_branching", figures, argv)
+    print(json.dumps(figures))
     return 0
 
 

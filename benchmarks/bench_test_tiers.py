@@ -3,8 +3,8 @@
 The README's development command must stay a matter of minutes; what is slower lives in tiers that CI runs
 (``.ci/run``). This script runs each tier's pytest command on this Python, one after the other (nothing else should
 run meanwhile: these machines are noisy), prints each tier's minutes and its share of the whole side by side, writes
-``benchmarks/results/test_tiers/properties.json`` (the figures the README quotes, with the commands, the machine and
-the date) and, as its last line, one JSON object with the figures.
+``benchmarks/results/test_tiers/test_tiers.json`` (``record.py``: the figures the README quotes, each tier with the
+command, the machine and the date that measured it) and, as its last line, one JSON object with the figures.
 
 - ``development``: the README's command 1 (``-m "not gpu_stack and not launch"``);
 - ``launch``: ``-m "launch and not gpu_stack"`` (a Ray cluster, each method's preflight, the launchers);
@@ -22,15 +22,17 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from record import RESULTS, add_no_record, machine, record
+
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "benchmarks" / "results" / "test_tiers" / "properties.json"
+OUT = RESULTS / "test_tiers" / "test_tiers.json"
+STAMP = ("command", "machine", "date")  # the record's own keys, beside the tiers
 TIERS = {
     "development": "not gpu_stack and not launch",
     "launch": "launch and not gpu_stack",
@@ -67,12 +69,12 @@ def tier_figures(marks: str, seconds: float, result: str) -> dict:
     }
 
 
-def tier_from_log(tier: str, log: Path, record: bool) -> dict:
+def tier_from_log(tier: str, log: Path, keep: bool) -> dict:
     """A tier's figures from pytest's closing line in ``log`` (a run of the tier's command alone)."""
     found = closing_line(log.read_text())
     if tier not in TIERS or found is None or " failed" in found.group("text"):
         raise SystemExit(f"{log}: no passing pytest closing line of a tier in {sorted(TIERS)} ({tier!r} given)")
-    if record:
+    if keep:
         OUT.parent.mkdir(parents=True, exist_ok=True)
         (OUT.parent / f"{tier}_pytest.log").write_text(log.read_text())
     figures = tier_figures(TIERS[tier], float(found.group("seconds")), found.group("text"))
@@ -83,14 +85,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiers", nargs="+", default=["development", "launch"], choices=sorted(TIERS))
     parser.add_argument("--gpu-stack-python", default=None, help="the main job's stack's python, for gpu_stack")
-    parser.add_argument("--no-record", action="store_true", help="print only; do not write the results file")
+    add_no_record(parser)
     parser.add_argument("--from-log", nargs=2, metavar=("TIER", "LOG"), help="record TIER from a log of its run")
     args = parser.parse_args(argv)
     tiers = list(args.tiers) + (["gpu_stack"] if args.gpu_stack_python and "gpu_stack" not in args.tiers else [])
     figures: dict = {}
     if args.from_log:
         tier, log = args.from_log
-        figures[tier] = tier_from_log(tier, Path(log), record=not args.no_record)
+        figures[tier] = tier_from_log(tier, Path(log), keep=not args.no_record)
         tiers = []
     for tier in tiers:
         python = args.gpu_stack_python if tier == "gpu_stack" else sys.executable
@@ -104,16 +106,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{tier:<12} {f['minutes']:>8.2f} {f['seconds'] / total:>7.0%}  {f['result']}")
     # Each tier's figures with how, where and when they were measured (tiers are recorded by separate runs).
     how = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "machine": machine(),
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
         "recorded_by": "python benchmarks/bench_test_tiers.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
-    record = {tier: {**f, **how} for tier, f in figures.items()}
-    if not args.no_record:
+    measured = {tier: {**f, **how} for tier, f in figures.items()}
+    if not args.no_record:  # the tiers recorded before stay, each with its own command, machine and date
         recorded = json.loads(OUT.read_text()) if OUT.exists() else {}
-        OUT.parent.mkdir(parents=True, exist_ok=True)
-        OUT.write_text(json.dumps({**recorded, **record}, indent=1) + "\n")
-    print(json.dumps(record))
+        kept = {tier: f for tier, f in recorded.items() if tier not in STAMP}
+        record("test_tiers", {**kept, **measured}, argv)
+    print(json.dumps(measured))
     return 0
 
 

@@ -1,5 +1,6 @@
-"""The docs' figures are the recorded runs' (``verl_ext/report/doc_numbers.py``): regenerated here, compared with
-the pages, and checked against a plain reading of the runs' metrics files."""
+"""The docs' figures are the records' (``verl_ext/report/doc_numbers.py``): regenerated here, compared with the pages,
+checked against a plain reading of the runs' metrics files; a figure of any format that no record gives fails the
+check (``verl_ext/report/page_figures.py``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 from verl_ext.report import doc_numbers
 from verl_ext.report.doc_numbers import DocNumbersError, Generator, check, hand_typed
+from verl_ext.report.page_figures import pages, unsourced
 
 ROOT = Path(__file__).resolve().parents[2]
 THIRD = ROOT / "benchmarks/results/sweep_tiny_third_start_24"
@@ -124,7 +126,7 @@ def test_a_stale_sweep_table_is_caught(tmp_path):
     [
         ("third24 grpo/seed0 val@5", "not validated at step 5"),
         ("third24 nope best", "no configuration"),
-        ("nowhere grpo best", "no recorded sweep"),
+        ("nowhere grpo best", "no record"),
         ("third24 grpo/seed0 metric:no/such/key:mean", "no 'no/such/key'"),
         ("- - calc:__import__('os')", "only numbers"),
         ("third24 grpo", "expected"),
@@ -174,3 +176,93 @@ def test_the_sparse_tasks_figures_against_its_recorded_files(generator):
         generator.figure("sparse * property:unsolved.held")
     with pytest.raises(DocNumbersError, match="no properties.json"):
         generator.figure("third24 * property:unsolved.share")
+
+
+def _with_a_line(page: str, tmp_path: Path, line: str) -> tuple[Path, int]:
+    """A copy of ``page`` under ``tmp_path`` with ``line`` as a paragraph of its own after the title; its line."""
+    text = (ROOT / page).read_text().splitlines(keepends=True)
+    copy = tmp_path / page
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_text("".join([text[0], "\n", line + "\n", *text[1:]]))
+    return copy, 3
+
+
+@pytest.mark.parametrize(
+    "page, line, figure",
+    [
+        ("docs/reliability.md", "A resumed run reaches its step 2.5x sooner than a fresh one.", "2.5x"),
+        ("docs/algo/diva_grpo.md", "The variants cut the zero-advantage groups by 80% on the paper's data.", "80%"),
+    ],
+)
+def test_a_figure_typed_by_hand_in_a_page_fails_the_check(tmp_path, page, line, figure):
+    assert check(ROOT, files=[ROOT / page]) == []  # the page as it is passes
+    copy, number = _with_a_line(page, tmp_path, line)
+    problems = check(ROOT, files=[copy])
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"{copy}:{number}: {figure} is typed by hand"), problems[0]
+
+
+def test_every_page_is_scanned():
+    scanned = {str(p.relative_to(ROOT)) for p in pages(ROOT)}
+    assert {"README.md", "recipe/diva_grpo/README.md", "docs/reliability.md", "docs/algo/pgpo.md"} <= scanned
+    assert set(map(str, doc_numbers.marked_files(ROOT))) >= {str(ROOT / p) for p in scanned}
+
+
+@pytest.mark.parametrize(
+    "text, found",
+    [
+        ("DIVA is 2.5x faster, 3.2× here and 1.05 x there.", ["2.5x", "3.2×", "1.05 x"]),
+        ("It keeps 80% of the steps, +4 % of the time, 20-60% of the runs.", ["80%", "4 %", "20-60%"]),
+        (
+            "The checkpoint is 721 MB (24 GB, 1.5 GiB, 512 KiB, an 80GB card).",
+            ["721 MB", "24 GB", "1.5 GiB", "512 KiB", "80GB"],
+        ),
+        (
+            "It took 10.8 min, 3.15 s a step, 139.5 ms, 2 hours and a 30-minute wait.",
+            ["10.8 min", "3.15 s", "139.5 ms", "2 hours", "30-minute"],
+        ),
+        ("Accuracy 0.312, then 46.23; a gap of 1.9e-7 per token.", ["0.312", "46.23", "1.9e-7"]),
+        ("| `hf_cpu` | 2.96 / 2.97 s (1.00x) |", ["2.96", "2.97 s", "1.00x"]),
+    ],
+)
+def test_a_figure_of_any_format_is_found(text, found):
+    assert [figure for _, figure in unsourced(text)] == found
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Settings are code: `poll_interval_s=2.0`, `lr 1e-6`, `0.9` accuracy + `0.1` format.",
+        "```bash\npython x.py --ratio 2.5  # 10 min\n```",
+        "Maths: $\\epsilon = 0.2$ and $$D + 4 (0.5 - \\alpha)$$.",
+        "arXiv 2603.01106, arXiv:2605.21125v2; verl 0.9.1, Python 3.11, torch 2.14.1, v0.4.",
+        "Qwen2.5-VL-7B, gsm8k, an H100, fp8 on sm_90; Section 3.2 and Eq. 4.1; Table 2.",
+        "[the paper](https://arxiv.org/abs/2603.01106v1) <!-- 0.5 in a comment -->",
+        "Paid <!--=papers * record:pgpo.training_time_percent %.1f-->10.6<!--/-->% and 24 steps of 3 seeds.",
+    ],
+)
+def test_what_is_not_a_figure(text):
+    assert unsourced(text) == []
+
+
+def test_a_benchmark_record_is_quoted(generator):
+    record = json.loads((ROOT / "benchmarks/results/test_tiers/test_tiers.json").read_text())
+    assert {"command", "machine", "date"} <= set(record)
+    assert generator.figure("test_tiers * record:launch.minutes %.1f") == f"{record['launch']['minutes']:.1f}"
+    papers = json.loads((ROOT / "benchmarks/results/papers/papers.json").read_text())
+    assert generator.figure("papers * record:diva_grpo.accuracy.avg") == str(papers["diva_grpo"]["accuracy"]["avg"])
+    assert generator.figure("papers * record:diva_grpo.step_time_over_grpo %x100") == "+4"
+    with pytest.raises(DocNumbersError, match="no record 'nowhere'"):
+        generator.figure("nowhere * record:x")
+    with pytest.raises(DocNumbersError, match="no 'diva_grpo.nothing'"):
+        generator.figure("papers * record:diva_grpo.nothing")
+
+
+def test_every_benchmark_records_itself():
+    """Each script in benchmarks/ saves its figures through record.py and takes --no-record."""
+    scripts = sorted((ROOT / "benchmarks").glob("bench_*.py"))
+    assert len(scripts) >= 14
+    for script in scripts:
+        text = script.read_text()
+        assert "from record import" in text and "add_no_record(parser)" in text, script.name
+        assert "record(" in text.replace("from record import", ""), script.name

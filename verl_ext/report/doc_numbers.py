@@ -1,4 +1,19 @@
-"""Numbers in the docs, generated from the recorded sweep runs: ``python -m verl_ext.report.doc_numbers --write``.
+"""Every figure in the docs, generated from a recorded artifact: ``python -m verl_ext.report.doc_numbers --write``.
+
+One command regenerates every figure of every page (``--write``), and the same command without ``--write`` is the one
+check (CI: ``tests/docs/test_doc_numbers_on_cpu.py``): a figure that differs from its record, and any figure of any
+format (``2.5x``, ``80%``, ``721 MB``, ``10.8 min``, ``0.312``) that a page shows outside a marker
+(:mod:`verl_ext.report.page_figures`: what counts as a figure, what does not), fails it naming file, line and figure.
+
+The records, all under ``benchmarks/results/``: the seed sweeps' runs; each benchmark's JSON
+(``benchmarks/<script>.py`` saves ``<name>/<name>.json`` with its command, machine and date through
+``benchmarks/record.py``); the papers' own reported tables (``papers/papers.json``, each figure with the paper and
+table it is copied from), the only figures not measured here.
+
+Why markers of our own and not cogapp's ``cog --check``: most figures sit inside a sentence or a table cell, and a
+cog block is whole lines (it would break the Markdown paragraph or table it sits in); tables are generated too, and
+two syntaxes for one job would mean two commands and two checks. The markers below are two regular expressions,
+hidden by Markdown (HTML comments), and evaluate no code from the page.
 
 The seed sweeps' recorded runs (``benchmarks/results/<folder>/<config>/seed<k>/``, :mod:`verl_ext.lab.sweep`) are
 the project's evidence; a page quotes them only through markers that this module fills from the runs, so that a
@@ -45,6 +60,9 @@ under ``benchmarks/results``. ``TARGET`` is a configuration (the table's figure 
                             (:func:`verl_ext.lab.solved_questions.solved_record`), ``PATH`` as in ``property:PATH``:
                             ``unsolved_right_log_prob_parts.end.colour``; of a configuration, its mean over seeds
 ``runs``                    (``*``) the runs that finished (``done.json``)
+``record:PATH``             (``*``) a figure of the folder's record ``FOLDER/FOLDER.json`` (a benchmark's, the
+                            papers'), ``PATH`` as in ``property:PATH``: ``test_tiers * record:launch.minutes``;
+                            written as recorded unless ``FORMAT`` says otherwise
 ``property:PATH``           (``*``) a figure of the folder's ``properties.json`` (the sparse task's warm start,
                             :func:`verl_ext.lab.sparse_task.task_properties`), ``PATH`` dotted, a list's item by
                             its index: ``unsolved.share``, ``hints_transfer.trajectory.-1.log_prob``
@@ -54,13 +72,15 @@ under ``benchmarks/results``. ``TARGET`` is a configuration (the table's figure 
 ``calc:EXPR``               (``TARGET`` and ``FOLDER`` as ``-``) arithmetic on numbers: ``calc:sqrt(0.25/256)``
 ==========================  ============================================================================
 
-``FORMAT`` (``%.2f``, ``%+.3f``, ``%d``, ``%pct``: a share as a whole percentage) defaults to ``%.3f`` for
+``FORMAT`` (``%.2f``, ``%+.3f``, ``%d``, ``%pct``: a share as a whole percentage, ``%x100``: a ratio as a
+percentage change, ``1.04`` as ``+4``; a divisor after ``/`` scales first: ``%.0f/1e6`` writes bytes as MB)
+defaults to ``%.3f`` for
 accuracies, ``%+.3f`` for paired differences (a difference that rounds to 0 is written ``0.000``), ``%d`` for steps
 and counts and ``%.2f`` for metrics. Each figure is rounded once, where it prints, as the sweep's table does.
 
-:func:`check` regenerates every marked file in memory and reports each figure that differs from its run (the CI
-test does), and each accuracy-like figure (``0.123`` with three decimals, which is how the sweep reports
-accuracies) in a :data:`GUARDED` file that no marker produced: such a figure was typed by hand.
+:func:`check` regenerates every page in memory and reports each figure that differs from its record, and each
+figure that no marker produced (:func:`verl_ext.report.page_figures.unsourced`; in the sweeps' lab notebooks,
+:data:`GUARDED`, each accuracy-like figure: ``0.123`` with three decimals): such a figure was typed by hand.
 """
 
 from __future__ import annotations
@@ -89,9 +109,9 @@ FOLDERS = {
     "sparse": "sweep_sparse",
 }
 
-# Files where every three-decimal figure must come from a marker (the sweep's pages); other files may use markers
-# too and are regenerated and checked the same way.
-GUARDED = ("README.md", "docs/learning.md", "benchmarks/results/*/NOTES.md")
+# The sweeps' lab notebooks, where every three-decimal figure must come from a marker; the pages
+# (verl_ext.report.page_figures.PAGES) are scanned for figures of every format.
+GUARDED = ("benchmarks/results/*/NOTES.md",)
 
 BLOCK = re.compile(
     r"^(?P<open><!-- generated: (?P<spec>[^\n]*?) -->)\n(?P<body>.*?)^(?P<close><!-- /generated -->)$",
@@ -183,7 +203,7 @@ class Generator:
     def sweep(self, name: str) -> Sweep:
         folder = self.root / RESULTS / FOLDERS.get(name, name)
         if not folder.is_dir():
-            raise DocNumbersError(f"no recorded sweep {name!r} ({folder}); aliases: {FOLDERS}")
+            raise DocNumbersError(f"no record {name!r} ({folder}); the sweeps' aliases: {FOLDERS}")
         key = str(folder)
         if key not in self._sweeps:
             self._sweeps[key] = Sweep(folder)
@@ -212,8 +232,12 @@ class Generator:
             if quantity.startswith("property:"):
                 path = quantity[len("property:") :]
                 return _format(_json_figure(sweep.folder / "properties.json", path), fmt or "%.3f")
+            if quantity.startswith("record:"):
+                path = quantity[len("record:") :]
+                return _format(_json_figure(sweep.folder / f"{sweep.folder.name}.json", path), fmt or "as recorded")
             raise DocNumbersError(
-                f"{expr!r}: the folder ('*') has 'runs', 'repeats:OTHER', 'common:OTHER' and 'property:PATH'"
+                f"{expr!r}: the folder ('*') has 'runs', 'repeats:OTHER', 'common:OTHER', 'property:PATH' and"
+                " 'record:PATH'"
             )
         if "/seed" in target:
             config, seed = target.split("/seed")
@@ -442,12 +466,12 @@ def _single(values, quantity: str) -> float:
 
 
 def _json_figure(file: Path, path: str):
-    """The figure at dotted ``path`` in the JSON ``file`` (a folder's ``properties.json``, a run's
-    ``questions.json``: only the sparse task's sweep records them)."""
+    """The figure at dotted ``path`` in the JSON ``file`` (a sweep folder's ``properties.json``, a run's
+    ``questions.json``, a benchmark's record ``<name>/<name>.json``)."""
     import json
 
     if not file.exists():
-        raise DocNumbersError(f"{file.parent.name}: no {file.name} (only the sparse task's sweep records one)")
+        raise DocNumbersError(f"{file.parent.name}: no {file.name}")
     value = json.loads(file.read_text())
     for key in path.split("."):
         if isinstance(value, list) and key.lstrip("-").isdigit() and -len(value) <= int(key) < len(value):
@@ -476,6 +500,13 @@ def _default_format(name: str) -> str:
 def _format(value, fmt: str) -> str:
     if isinstance(value, str):
         return value
+    if "/" in fmt:  # scaled first: "%.0f/1e6" writes bytes as MB
+        fmt, divisor = fmt.split("/", 1)
+        value = value / float(divisor)
+    if fmt == "as recorded":  # the JSON's own digits: a benchmark rounds its figures where it records them
+        return str(value)
+    if fmt == "%x100":  # a ratio as a percentage change: 1.04 -> +4
+        return f"{round((value - 1) * 100):+d}"
     if fmt == "%pct":
         return f"{round(value * 100)}%"
     if fmt == "%d":
@@ -514,9 +545,12 @@ def _line(text: str, offset: int) -> int:
 
 
 def marked_files(root: Path = REPO_ROOT) -> list[Path]:
-    """The Markdown files of the repository that hold markers or are :data:`GUARDED`."""
+    """The Markdown files the generator writes and the check reads: every page
+    (:data:`verl_ext.report.page_figures.PAGES`), every :data:`GUARDED` notebook, any other file with a marker."""
+    from verl_ext.report.page_figures import pages
+
     root = Path(root)
-    found = set()
+    found = set(pages(root))
     for pattern in GUARDED:
         found.update(root.glob(pattern))
     for path in [root / "README.md", *root.glob("docs/**/*.md"), *root.glob("benchmarks/**/*.md")]:
@@ -534,11 +568,13 @@ def hand_typed(text: str) -> list[tuple[int, str]]:
 
 
 def check(root: Path = REPO_ROOT, files: list[Path] | None = None) -> list[str]:
-    """Every difference between the marked files and their regeneration, and every hand-typed figure in a guarded
-    file: one message each, naming the file and line (empty: the docs agree with the runs)."""
+    """Every difference between the pages and their regeneration, and every figure typed by hand (a page's of any
+    format, a lab notebook's accuracy-like): one message each, naming the file and line (empty: every figure is its
+    record's). ``files``: only those, each scanned as a page unless it is a ``NOTES.md`` notebook."""
+    from verl_ext.report.page_figures import unsourced
+
     root = Path(root)
     generator = Generator(root)
-    guarded = {p.resolve() for pattern in GUARDED for p in root.glob(pattern)}
     problems = _recorded_problems(root, generator) if files is None else []
     for path in files if files is not None else marked_files(root):
         where = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
@@ -555,12 +591,11 @@ def check(root: Path = REPO_ROOT, files: list[Path] | None = None) -> list[str]:
         if len(old_lines) != len(new_lines):
             problems.append(f"{where}: a generated block's length changed; run --write")
             continue
-        if path.resolve() in guarded:
-            for number, figure in hand_typed(text):
-                problems.append(
-                    f"{where}:{number}: {figure} is typed by hand; quote it with a marker"
-                    " (verl_ext/report/doc_numbers.py)"
-                )
+        for number, figure in hand_typed(text) if path.name == "NOTES.md" else unsourced(text):
+            problems.append(
+                f"{where}:{number}: {figure} is typed by hand; quote it from its record with a marker"
+                " (verl_ext/report/doc_numbers.py) or drop it"
+            )
     return problems
 
 
@@ -634,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = check(args.root)
     for problem in problems:
         print(problem, file=sys.stderr)
-    print(f"{len(marked_files(args.root))} files checked, {len(problems)} figures differ from the recorded runs")
+    print(f"{len(marked_files(args.root))} files checked, {len(problems)} figures with no record or another value")
     return 1 if problems else 0
 
 
