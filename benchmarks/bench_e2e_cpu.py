@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from record import add_no_record, record
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -200,6 +202,7 @@ def main(argv: list[str] | None = None) -> dict:
         default=None,
         help="rollouts to measure (default: hf_cpu, and vllm where vLLM imports)",
     )
+    add_no_record(parser)
     args = parser.parse_args(argv)
     steps = 2 if args.quick else args.steps
     rollouts = args.rollouts or ["hf_cpu", *(["vllm"] if _has_vllm() else [])]
@@ -261,6 +264,8 @@ def main(argv: list[str] | None = None) -> dict:
     if "vllm" in rollouts and "hf_cpu" in rollouts:
         ratio = figures["vllm"]["diva_step_s"] / figures["hf_cpu"]["diva_step_s"]
         figures["vllm_over_hf_cpu_diva_step"] = round(ratio, 3)
+    if not args.no_record:
+        record("e2e_cpu_quick" if args.quick else "e2e_cpu", figures, argv)
     print(json.dumps(figures), flush=True)
     return figures
 
