@@ -7,7 +7,7 @@ Plugged in through verl's own extension point, ``trainer.v1.sampler.custom_sampl
   means) then adds the same numbers in another order, and two runs of one seed drift apart in the last bits from
   the first step. :meth:`OrderedReplayBuffer.sample` sorts them by ``(uid, session, output index)``: with the run's
   uids (:mod:`verl_ext.rollout.seeds`) the order, and so every sum, is the same in every run of a seed. Validation
-  uids are verl's ``uuid4``: those batches are sorted by the prompt's tokens instead.
+  uids are verl's ``uuid4``: those batches are sorted by the prompt's tokens and the question's fields instead.
 * **A dead rollout fails the job, naming it.** While it waits for rollouts, the buffer checks every
   ``liveness_check_s`` that the actors the rollout needs are alive (:func:`verl_ext.rollout.liveness.dead_actors`,
   fed by the trainer through :meth:`watch`), and raises :class:`RolloutDiedError` naming the dead ones: a dead
@@ -44,9 +44,13 @@ from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer
 
 from verl_ext.rollout.liveness import dead_actors
 from verl_ext.rollout.request_retry import RolloutRequestError, recorded_failures
-from verl_ext.rollout.seeds import is_run_uid
+from verl_ext.rollout.seeds import content_key, is_run_uid
+from verl_ext.transfer_queue_fields import non_tensor_list
 
 LIVENESS_CHECK_S = 10.0
+# The fields that tell validation questions with the same prompt tokens apart (verl carries a dataset row's columns
+# into each trajectory).
+QUESTION_FIELDS = ("data_source", "extra_info", "reward_model")
 
 
 class RolloutDiedError(RuntimeError):
@@ -75,10 +79,12 @@ class OrderedReplayBuffer(ReplayBuffer):
         poll_interval_s = options.pop("poll_interval_s", None)
         if options:
             raise ValueError(
-                f"trainer.v1.sampler.sampler_kwargs: OrderedReplayBuffer takes poll_interval_s only, not {sorted(options)}"
+                "trainer.v1.sampler.sampler_kwargs: OrderedReplayBuffer takes poll_interval_s only, not "
+                f"{sorted(options)}"
             )
         if poll_interval_s is not None:
-            if isinstance(poll_interval_s, bool) or not isinstance(poll_interval_s, int | float) or poll_interval_s <= 0:
+            number = isinstance(poll_interval_s, int | float) and not isinstance(poll_interval_s, bool)
+            if not number or poll_interval_s <= 0:
                 raise ValueError(
                     f"trainer.v1.sampler.sampler_kwargs.poll_interval_s={poll_interval_s!r}: expected seconds > 0 "
                     "(verl's default is 2.0)"
@@ -112,18 +118,33 @@ class OrderedReplayBuffer(ReplayBuffer):
             self._raise_if_dead(partition_id)
         places = [key_order(key) for key in batch.keys]
         if batch.keys and not all(is_run_uid(uid) for uid, _, _ in places):
-            # verl draws validation uids with uuid4: order those trajectories by their prompt's tokens instead (the
-            # same prompt and session draw the same seed, so ties are the same trajectory).
-            prompts = self._prompt_tokens(batch)
-            places = [(prompts[i], session, index) for i, (_, session, index) in enumerate(places)]
+            # verl draws validation uids with uuid4: order those trajectories by their prompt's content instead. The
+            # tokens alone tie whenever questions differ only in their images (a swatch's colour) or share a prompt
+            # across validation views: the question's own fields break those ties, or the per-question sums of
+            # verl's validation metrics would add in the order the requests finished.
+            questions = self._question_keys(batch)
+            places = [(questions[i], session, index) for i, (_, session, index) in enumerate(places)]
         order = sorted(range(len(batch.keys)), key=lambda i: places[i])
         keys, tags = [batch.keys[i] for i in order], [batch.tags[i] for i in order]
         return dataclasses.replace(batch, keys=keys, tags=tags), metrics
 
     @staticmethod
-    def _prompt_tokens(batch: KVBatchMeta) -> list[tuple[int, ...]]:
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["prompts"])
-        return [tuple(row.tolist()) for row in data["prompts"].unbind(0)]
+    def _question_keys(batch: KVBatchMeta) -> list[tuple]:
+        """Per trajectory: its prompt's tokens, a digest of its question's fields (``data_source``, ``extra_info``,
+        ``reward_model``: those the trajectory carries), its response's tokens."""
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["prompts", "responses"])
+        tokens = [tuple(row.tolist()) for row in data["prompts"].unbind(0)]
+        responses = [tuple(row.tolist()) for row in data["responses"].unbind(0)]
+        fields = {}
+        for name in QUESTION_FIELDS:
+            got = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=[name])
+            if name in got.keys():  # TransferQueue answers an empty batch for a field no row has (no such column)
+                fields[name] = non_tensor_list(got[name])
+        # Last, the response: trajectories alike in all of these score alike, in whichever order they add.
+        return [
+            (tokens[i], content_key(*(fields[name][i] for name in sorted(fields))), responses[i])
+            for i in range(len(batch.keys))
+        ]
 
     def _wait_for_next_poll(self, partition_id: str, last_debug_time: float) -> float:
         # verl calls this after each metadata sync that did not yet find the whole batch: a failed group ends the
