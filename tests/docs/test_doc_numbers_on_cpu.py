@@ -223,6 +223,10 @@ def test_every_page_is_scanned():
         ),
         ("Accuracy 0.312, then 46.23; a gap of 1.9e-7 per token.", ["0.312", "46.23", "1.9e-7"]),
         ("| `hf_cpu` | 2.96 / 2.97 s (1.00x) |", ["2.96", "2.97 s", "1.00x"]),
+        (
+            "An array 0.5 wide, the stable 2.5x, a subversion 1.2: words ending like an exemption.",
+            ["0.5", "2.5x", "1.2"],
+        ),
     ],
 )
 def test_a_figure_of_any_format_is_found(text, found):

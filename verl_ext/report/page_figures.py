@@ -15,7 +15,7 @@ Not figures, by rule (:data:`EXEMPT` and the masks of :func:`masked`):
 * names: a number glued to a letter, ``-``, ``_`` or ``/`` (``Qwen2.5-VL-7B``, ``gsm8k``, ``fp8``, ``H100``);
 * versions and identifiers: dotted triples (``0.9.1``), a decimal after ``Python``/``verl``/``vLLM``/``torch``/... or
   ``v`` (``Python 3.11``, ``v0.4``), arXiv ids (``2505.12345``, ``arXiv:2505.12345v2``), section and equation numbers
-  after ``§``, ``Section``, ``Eq.``, ``Table``, ``Figure``, ``Algorithm``, ``step``.
+  after ``§``, ``Section``, ``Eq.``, ``Table``, ``Figure``, ``Algorithm`` (each a whole word).
 
 Plain integers (24 steps, 3 seeds) are counts a reader checks against the configs, not measurements; they are not
 scanned.
@@ -48,14 +48,14 @@ DECIMAL = re.compile(r"(?<![\w./\\-])\d+(?:\.\d+(?:e[+-]?\d+)?|e[+-]?\d+)(?![\w.
 # Explicit exemptions, each a pattern of the text just before the figure (the figure's own words are not enough):
 EXEMPT = {
     "a version": re.compile(
-        r"(?:Python|python|verl|vLLM|vllm|torch|PyTorch|CUDA|cuda|Ray|ray|transformers|flash-attn|numpy|NumPy|"
+        r"(?<![\w-])(?:Python|python|verl|vLLM|vllm|torch|PyTorch|CUDA|cuda|Ray|ray|transformers|flash-attn|numpy|NumPy|"
         r"pydantic|ruff|pytest|Qwen|version|release|v)\s?$"
     ),
     "a section, equation, table or figure number": re.compile(
-        r"(?:§|Section|section|Sec\.|Eq\.|eq\.|Equation|equation|Table|table|Figure|figure|Fig\.|Algorithm|"
-        r"Appendix|appendix|Theorem|Lemma|Definition|Proposition|Remark)\s?\(?$"
+        r"(?:§|(?<![\w-])(?:Section|section|Sec\.|Eq\.|eq\.|Equation|equation|Table|table|Figure|figure|Fig\.|Algorithm|"
+        r"Appendix|appendix|Theorem|Lemma|Definition|Proposition|Remark))\s?\(?$"
     ),
-    "an arXiv id": re.compile(r"(?:arXiv|arxiv)[:\s]?$"),
+    "an arXiv id": re.compile(r"(?<![\w-])(?:arXiv|arxiv)[:\s]?$"),
 }
 ARXIV_ID = re.compile(r"(?<![\w.])\d{4}\.\d{4,5}(?:v\d+)?(?![\w.])")
 VERSION = re.compile(r"(?<![\w.])v?\d+\.\d+\.\d+(?:\.\d+)*(?![\w])")
