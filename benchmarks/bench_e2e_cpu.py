@@ -87,16 +87,23 @@ def compose(overrides: list[str]):
 
 
 def run_method(
-    method: str, paths: dict, workdir: str, steps: int, rollout: str = "hf_cpu", experiment_tag: str = ""
+    method: str,
+    paths: dict,
+    workdir: str,
+    steps: int,
+    rollout: str = "hf_cpu",
+    experiment_tag: str = "",
+    extra_overrides: tuple[str, ...] = (),
 ) -> dict:
     """Train ``method`` for ``steps`` steps in this process; its step timings and peak memory. ``experiment_tag``
-    tells apart runs of one method and rollout that share a metrics folder (``bench_tiny_arch.py``)."""
+    tells apart runs of one method and rollout that share a metrics folder (``bench_tiny_arch.py``);
+    ``extra_overrides`` come last (``bench_tiny_arch.py``: verl's own poll interval)."""
     from recipe.diva_grpo.main_diva import train
     from verl_ext.checks.session import release_finished_run
     from verl_ext.cpu.overrides import cpu_overrides
     from verl_ext.cpu.vllm_launcher import vllm_engine_overrides
 
-    run_dir = os.path.join(workdir, f"{rollout}_{method}")
+    run_dir = os.path.join(workdir, f"{rollout}_{method}{'_' + experiment_tag if experiment_tag else ''}")
     experiment = f"bench_{rollout}_{method}{'_' + experiment_tag if experiment_tag else ''}"
     overrides = cpu_overrides(
         paths,
@@ -112,7 +119,7 @@ def run_method(
         overrides += ["actor_rollout_ref.rollout.name=vllm", *vllm_engine_overrides()]
     if method == "grpo":
         overrides.append("trainer.v1.trainer_mode=sync")  # verl's own trainer: the baseline the paper's +4% is over
-    config = compose(overrides)
+    config = compose([*overrides, *extra_overrides])
     started = time.perf_counter()
     with PeakMemory() as memory:
         train(config)
