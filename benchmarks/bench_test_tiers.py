@@ -7,7 +7,8 @@ run meanwhile: these machines are noisy), prints each tier's minutes and its sha
 command, the machine and the date that measured it) and, as its last line, one JSON object with the figures.
 
 - ``development``: the README's command 1 (``-m "not gpu_stack and not launch"``);
-- ``launch``: ``-m "launch and not gpu_stack"`` (a Ray cluster, each method's preflight, the launchers);
+- ``launch``: ``-m "launch and not gpu_stack and not extended"`` (a Ray cluster, each method's preflight, the
+  launchers);
 - ``gpu_stack``: ``-m "gpu_stack and not extended"``, on the main job's stack (``--gpu-stack-python``, the venv of
   ``run_scripts/setup_vllm_cpu.sh``); left out without it.
 
@@ -35,7 +36,7 @@ OUT = RESULTS / "test_tiers" / "test_tiers.json"
 STAMP = ("command", "machine", "date")  # the record's own keys, beside the tiers
 TIERS = {
     "development": "not gpu_stack and not launch",
-    "launch": "launch and not gpu_stack",
+    "launch": "launch and not gpu_stack and not extended",
     "gpu_stack": "gpu_stack and not extended",
 }
 # pytest's closing line: "1364 passed, 1 skipped, 259 deselected, 13 warnings in 262.32s (0:04:22)"

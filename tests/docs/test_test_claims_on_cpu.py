@@ -1,7 +1,8 @@
 """A page's claim about how a test runs is checked against that test's marks, by name, per test.
 
-CI runs three tiers (``.ci/run``): ``-m "not gpu_stack and not launch"`` and ``-m "launch and not gpu_stack"`` on the
-development stack, then ``-m "gpu_stack and not extended"`` on the main job's. A test runs "in CI" when one of those
+CI runs three tiers (``.ci/run``): ``-m "not gpu_stack and not launch"`` and
+``-m "launch and not gpu_stack and not extended"`` on the development stack, and ``-m "gpu_stack and not extended"``
+on the main job's. A test runs "in CI" when one of those
 expressions selects it; otherwise (marked ``extended``) only ``-m extended`` runs it. Which tests exist and which
 marks each carries come from pytest's own collection of ``tests`` (one ``pytest --collect-only`` in a subprocess,
 every parametrization with its own marks), and each tier's expression is evaluated with pytest's own ``-m`` parser.
@@ -285,7 +286,11 @@ def test_a_page_says_how_each_test_it_names_runs(page):
 
 
 def test_the_tiers_are_cis():
-    assert ci_tiers() == ("not gpu_stack and not launch", "launch and not gpu_stack", "gpu_stack and not extended")
+    assert ci_tiers() == (
+        "not gpu_stack and not launch",
+        "launch and not gpu_stack and not extended",
+        "gpu_stack and not extended",
+    )
 
 
 def test_the_marks_are_pytests_own_per_parametrization():

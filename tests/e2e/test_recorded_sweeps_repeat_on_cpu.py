@@ -77,7 +77,10 @@ def compare_with_recorded(out: Path) -> int:
         assert differences == [], f"{config} differs from {recorded.relative_to(ROOT)}:\n" + "\n".join(differences[:20])
         compared += 1
     if compared == 0:
-        pytest.skip(f"no recorded sweep began from this machine's warm start {warm_start} (another machine kind)")
+        pytest.skip(
+            f"no recorded sweep began from this machine's warm start {warm_start}: another machine kind, or another "
+            "torch than the recorded runs' (their done.json says which; command 1's stack is theirs)"
+        )
     assert compared == len(CONFIGS), f"only {compared} of {CONFIGS} have a recorded run from warm start {warm_start}"
     return compared
 

@@ -95,6 +95,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from verl_ext.report.page_figures import BLOCK, INLINE, pages
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 RESULTS = Path("benchmarks/results")
 
@@ -113,11 +115,6 @@ FOLDERS = {
 # (verl_ext.report.page_figures.PAGES) are scanned for figures of every format.
 GUARDED = ("benchmarks/results/*/NOTES.md",)
 
-BLOCK = re.compile(
-    r"^(?P<open><!-- generated: (?P<spec>[^\n]*?) -->)\n(?P<body>.*?)^(?P<close><!-- /generated -->)$",
-    re.MULTILINE | re.DOTALL,
-)
-INLINE = re.compile(r"<!--=(?P<expr>[^>]*?)-->(?P<value>[^<\n]*)<!--/-->")
 ACCURACY_LIKE = re.compile(r"(?<![\w.])[+-]?\d\.\d{3}(?![\d])")
 FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
 
@@ -547,8 +544,6 @@ def _line(text: str, offset: int) -> int:
 def marked_files(root: Path = REPO_ROOT) -> list[Path]:
     """The Markdown files the generator writes and the check reads: every page
     (:data:`verl_ext.report.page_figures.PAGES`), every :data:`GUARDED` notebook, any other file with a marker."""
-    from verl_ext.report.page_figures import pages
-
     root = Path(root)
     found = set(pages(root))
     for pattern in GUARDED:

@@ -28,6 +28,12 @@ from pathlib import Path
 
 # The pages a reader reads; the lab notebooks (benchmarks/results/*/NOTES.md) keep doc_numbers' narrower guard.
 PAGES = ("README.md", "recipe/diva_grpo/README.md", "docs/**/*.md")
+# The generator's markers (verl_ext.report.doc_numbers): a generated block, and an inline figure.
+BLOCK = re.compile(
+    r"^(?P<open><!-- generated: (?P<spec>[^\n]*?) -->)\n(?P<body>.*?)^(?P<close><!-- /generated -->)$",
+    re.MULTILINE | re.DOTALL,
+)
+INLINE = re.compile(r"<!--=(?P<expr>[^>]*?)-->(?P<value>[^<\n]*)<!--/-->")
 
 _NUMBER = r"\d+(?:[.,]\d+)*"
 _SIZE_UNITS = r"(?:[KMGTP]i?B|bytes?|[KMGT]B/s)"
@@ -75,8 +81,6 @@ def _blank(match: re.Match) -> str:
 
 def masked(text: str) -> str:
     """``text`` with everything that is not prose blanked: generated regions, code, maths, comments, links."""
-    from verl_ext.report.doc_numbers import BLOCK, INLINE
-
     for pattern in (_FENCE, BLOCK, INLINE, _COMMENT, _CODE, _MATH, _LINK_TARGET, _URL, ARXIV_ID, VERSION):
         text = pattern.sub(_blank, text)
     return text
