@@ -9,7 +9,7 @@
 # METHODS: adv_estimator names (default: grpo diva_grpo avspo codapo durian pgpo mupo noise_contrastive_grpo; the
 # first is the report's baseline). STEPS (8), TEST_FREQ (2), SEED (0), QUESTIONS (8 per step), ROLLOUT_N (4 per DIVA
 # prompt; the others get twice as many per question's one prompt). WORKDIR (default $OUT/work) keeps the model,
-# data and warm start. TASK: swatch (the default) or sparse, DIVA-GRPO's regime (hard questions GRPO's groups never
+# data and warm start. TASK: swatch (the default) or sparse (hard questions GRPO's groups never
 # solve, hints that teach what the original needs; verl_ext/lab/sparse_task.py): its three properties are measured
 # from the warm start and printed before training, and it refuses to train when one does not hold.
 #   OUT=DIR TASK=sparse METHODS="grpo diva_grpo" bash run_scripts/compare_tiny.sh   # ~15 minutes from nothing

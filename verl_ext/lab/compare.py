@@ -2,10 +2,10 @@
 
 From one warm start (:func:`verl_ext.lab.tasks.prepare_swatch`: the tiny Qwen2-VL supervised into a base policy that
 half-solves ``diva-prep swatch`` questions, its greedy validation accuracy checked to be in 20-60%; or, ``--task
-sparse``, :func:`verl_ext.lab.sparse_task.prepare_sparse`: DIVA-GRPO's regime, its properties printed), each method
-trains for the same number of steps, with the same seed, data and responses per question (``2 n``: DIVA as original + 1
-variant x ``n``, the others as 1 prompt x ``2 n``), each as its own Ray job through the launchers'
-``run_scripts/_submit.sh`` (verl's trainer, FSDP2 worker, ``hf_cpu`` rollout, the project's reward
+sparse``, :func:`verl_ext.lab.sparse_task.prepare_sparse`: hard questions with solvable hints, its properties
+printed), each method trains for the same number of steps, with the same seed, data and responses per question
+(``2 n``: DIVA as original + 1 variant x ``n``, the others as 1 prompt x ``2 n``), each as its own Ray job through
+the launchers' ``run_scripts/_submit.sh`` (verl's trainer, FSDP2 worker, ``hf_cpu`` rollout, the project's reward
 :func:`verl_ext.reward.compute_score`), validating before training and every ``test_freq`` steps (greedy). Then
 ``diva-report`` over all runs (GRPO first: the baseline) into ``OUT/report/``, and ``OUT/comparison.json``::
 

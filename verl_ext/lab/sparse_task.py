@@ -1,9 +1,9 @@
-"""The sparse task: DIVA-GRPO's regime on the CPU (``TASK=sparse bash run_scripts/compare_tiny.sh``).
+"""The sparse task: hard questions with solvable hints, on the CPU (``TASK=sparse bash run_scripts/compare_tiny.sh``).
 
 DIVA-GRPO is for questions so hard that every response of a GRPO group is wrong (zero advantage, no signal), whose
 easier variants (hints) are solvable, so that the question's global group has a signal that can carry back to the
-original. This task is built for that regime from the swatch task's data (:mod:`data_prep.swatch`: the same images,
-questions and hint steps) and a warm start that knows less (:data:`SPARSE_CODE`):
+original. This task is built to have two of those conditions, from the swatch task's data (:mod:`data_prep.swatch`:
+the same images, questions and hint steps) and a warm start that knows less (:data:`SPARSE_CODE`):
 
 * red and green squares: the number taught right, plain and hinted (the easy half);
 * blue and yellow squares (the hard half, :data:`HARD_COLOURS`): asked plainly, the policy reads the colour and writes
@@ -103,7 +103,7 @@ def cached_properties(model_dir: str, train_file: str, val_file: str, seed: int 
 
 
 class SparseTaskError(RuntimeError):
-    """The warm start does not put the sparse task in DIVA-GRPO's regime (the message names the property)."""
+    """The warm start does not give the sparse task one of its three properties (the message names it)."""
 
 
 def check_properties(properties: dict) -> None:

@@ -1,5 +1,5 @@
 """The lab's tasks, each a warm start and its data: ``swatch`` (:func:`prepare_swatch`: the tiny Qwen2-VL supervised
-into a base policy that half-solves ``diva-prep swatch`` questions) and ``sparse`` (DIVA-GRPO's regime,
+into a base policy that half-solves ``diva-prep swatch`` questions) and ``sparse`` (hard questions with solvable hints,
 :mod:`verl_ext.lab.sparse_task`), with what their runs add to the common settings (:func:`task_overrides`).
 """
 
@@ -36,7 +36,8 @@ TASKS = ("swatch", "sparse")
 
 def prepare_task(task: str, workdir: str, seed: int = 0) -> dict:
     """The task's warm start and data under ``workdir``: ``swatch`` (:func:`prepare_swatch`) or ``sparse``
-    (:func:`verl_ext.lab.sparse_task.prepare_sparse`: DIVA-GRPO's regime, its three properties measured)."""
+    (:func:`verl_ext.lab.sparse_task.prepare_sparse`: hard questions with solvable hints, its three properties
+    measured)."""
     if task == "swatch":
         return prepare_swatch(workdir, seed=seed)
     if task == "sparse":
