@@ -52,7 +52,9 @@ RUN_DIR="$(abspath "${RUN_DIR:-$WORKDIR/run_$(date +%Y%m%d_%H%M%S)_$$}")"
 case "$ROLLOUT" in
   hf_cpu) ;;
   vllm)
-    if ! python -c 'import vllm' >/dev/null 2>&1; then
+    # Found, not imported (an import costs seconds per launch): a vLLM that is installed but broken fails in the job
+    # with vLLM's own error.
+    if ! python -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("vllm") is None)' >/dev/null 2>&1; then
       echo "error: ROLLOUT=vllm needs vLLM's CPU build in this Python ($(command -v python)). Build the GPU stack's" >&2
       echo "environment and put it first on PATH:" >&2
       echo "    bash run_scripts/setup_vllm_cpu.sh ~/venvs/diva-vllm-cpu && PATH=~/venvs/diva-vllm-cpu/bin:\$PATH" >&2

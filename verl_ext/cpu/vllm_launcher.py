@@ -24,8 +24,11 @@ from verl_ext.cpu.overrides import (
 )
 from verl_ext.cpu.tiny_model import MAX_PIXELS
 
-# vLLM's CPU backend reads these in its engine process (Ray env values are strings).
-VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+# vLLM's CPU backend reads these in its engine process (Ray env values are strings). TORCHINDUCTOR_VEC_ISA_OK: vLLM's
+# CPU sampler is a torch.compile'd function (its unseeded path, which the profile run at start takes); loading it,
+# inductor checks each vector instruction set the CPU reports by compiling a probe and importing torch in a fresh
+# Python per set (7 s of every engine start here). "1" takes the CPU's own report for it; the set chosen is the same.
+VLLM_CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "TORCHINDUCTOR_VEC_ISA_OK": "1"}
 
 
 def launcher_for(method: str) -> str:
