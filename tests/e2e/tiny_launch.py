@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import socket
@@ -50,7 +52,7 @@ def run_tiny_cpu(
     head and all it starts) held, sampled each second."""
     env = {name: value for name, value in os.environ.items() if name not in CLEARED}
     env.update(WORKDIR=str(workdir), RUN_DIR=str(run_dir), **settings)
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+    with one_cluster_of_two_nodes(settings), tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         proc = subprocess.Popen(
             ["bash", "run_scripts/tiny_cpu.sh"], cwd=ROOT, env=env, stdout=out, stderr=err, text=True
         )
@@ -69,6 +71,25 @@ def run_tiny_cpu(
         out.seek(0)
         err.seek(0)
         return proc.returncode, out.read() + err.read()
+
+
+# CI runs two pytest processes at once (.ci/run); a launch on two Ray nodes takes up to 15 GB of this machine's 24: two
+# of them at once (one per process) would not fit, so each waits for the other's end (any pytest process, one file).
+TWO_NODE_LOCK = Path(tempfile.gettempdir()) / "diva_tests_two_node_launch.lock"
+
+
+@contextlib.contextmanager
+def one_cluster_of_two_nodes(settings: dict):
+    """Held for a launch of more than one Ray node (``NODES``): one such launch on this machine at a time."""
+    if int(settings.get("NODES", "1")) < 2:
+        yield
+        return
+    with open(TWO_NODE_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def run_compare_tiny(out: Path, timeout: int, **settings: str) -> subprocess.CompletedProcess:
@@ -220,14 +241,17 @@ _MASTER_PORTS: dict[int, int] = {}
 
 def launch_diva_world1(workdir: Path, run_dir: Path, timeout: int = 900, **settings: str) -> tuple[str, dict]:
     """The shared DIVA run's settings and seed on one node, one rank, one replica (``settings``: more, e.g.
-    ``USE_REMOVE_PADDING="1"``): the world-size-1 reference and the runs compared with it."""
+    ``USE_REMOVE_PADDING="1"``): the world-size-1 reference and the runs compared with it. It trains the shared run's
+    steps in one job, without the shared run's resume (one job start less, a minute or more on two cores): its steps
+    are what a run that never stopped logs, which the resumed runs (the shared run's, the reshard and crash runs') are
+    held to."""
     return launch_tiny_cpu(
         workdir,
         run_dir,
         timeout,
         METHOD="diva",
         NODES="1",
-        STEPS=str(DIVA_STEPS),
-        RESUME_STEPS=str(DIVA_RESUME_STEPS),
+        STEPS=str(DIVA_STEPS + DIVA_RESUME_STEPS),
+        RESUME_STEPS="0",
         **settings,
     )
