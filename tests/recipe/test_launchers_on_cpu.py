@@ -149,15 +149,11 @@ def test_runtime_env_ships_code_without_history_data_or_secrets(tmp_path):
 
 
 @pytest.mark.launch  # a Ray head, ray job submit and the preflight: the launch tier
-def test_preflight_through_ray_job_submit(tmp_path):
-    """DRY_RUN=1 on a CPU machine: local Ray head on 127.0.0.1, `ray job submit`, preflight, exit 0, head stopped."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "TRAIN_FILES", "VAL_FILES")}
-    env.update(DRY_RUN="1", DIVA_PREFLIGHT_DIR=str(tmp_path))
-    out = subprocess.run(
-        ["bash", "run_scripts/qwen25vl7b_diva.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
-    )
-    log = out.stdout + out.stderr
-    assert out.returncode == 0, log[-4000:]
+def test_preflight_through_ray_job_submit(diva_dry_run):
+    """DRY_RUN=1 on a CPU machine: local Ray head on 127.0.0.1, `ray job submit`, preflight, exit 0, head stopped
+    (the launch: ``tests/conftest.py``'s ``diva_dry_run``, which the report's tests read too)."""
+    log = diva_dry_run["console"]
+    assert diva_dry_run["returncode"] == 0, log[-4000:]
     assert "[preflight] PASSED" in log
     if not (ROOT / "data" / "diva_train.parquet").exists():
         assert "writing a synthetic set" in log

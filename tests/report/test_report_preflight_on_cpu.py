@@ -4,8 +4,6 @@ DIVA trainer's metrics log, its checkpoints' difficulty states, its validation; 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -21,16 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def preflight(tmp_path_factory):
-    parent = tmp_path_factory.mktemp("preflight")
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "TRAIN_FILES", "VAL_FILES")}
-    env.update(DRY_RUN="1", DIVA_PREFLIGHT_DIR=str(parent))
-    out = subprocess.run(
-        ["bash", "run_scripts/qwen25vl7b_diva.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
-    )
-    console = out.stdout + out.stderr
-    assert out.returncode == 0, console[-4000:]
-    (workdir,) = parent.glob("diva_preflight_*")
+def preflight(diva_dry_run):
+    """The launcher's DRY_RUN preflight (``tests/conftest.py``'s ``diva_dry_run``, one launch for its tests and
+    ``tests/recipe/test_launchers_on_cpu.py``'s): its run folder and console."""
+    console = diva_dry_run["console"]
+    assert diva_dry_run["returncode"] == 0, console[-4000:]
+    (workdir,) = diva_dry_run["dir"].glob("diva_preflight_*")
     return workdir, console
 
 
