@@ -1,11 +1,12 @@
 """A page's claim about how a test runs is checked against that test's marks, by name, per test.
 
-CI runs three tiers (``.ci/run``): ``-m "not gpu_stack and not launch"`` and
-``-m "launch and not gpu_stack and not extended"`` on the development stack, and ``-m "gpu_stack and not extended"``
-on the main job's. A test runs "in CI" when one of those
-expressions selects it; otherwise (marked ``extended``) only ``-m extended`` runs it. Which tests exist and which
-marks each carries come from pytest's own collection of ``tests`` (one ``pytest --collect-only`` in a subprocess,
-every parametrization with its own marks), and each tier's expression is evaluated with pytest's own ``-m`` parser.
+CI runs three tiers (``.ci/run``): ``-m "not gpu_stack and not launch"`` and ``-m "launch and not gpu_stack and not
+extended"`` on the development stack, and the gpu_stack tier on the main job's (in two streams: ``-m "gpu_stack and
+vllm_rollout and not extended"`` and its complement). A test runs "in CI" when one of the ``-m`` expressions of
+``.ci/run``'s pytest lines selects it; otherwise (marked ``extended``) only ``-m extended`` runs it. Which tests exist
+and which marks each carries come from pytest's own collection of ``tests`` (one ``pytest --collect-only`` in a
+subprocess, every parametrization with its own marks), and each tier's expression is evaluated with pytest's own ``-m``
+parser.
 
 How a page names tests (outside code blocks): ``tests/<dir>/test_x.py`` (every test of the file),
 ``tests/<dir>/test_x.py::test_name`` (every parametrization of one test), ``tests/<dir>/test_x.py::test_name[id]``
@@ -286,10 +287,14 @@ def test_a_page_says_how_each_test_it_names_runs(page):
 
 
 def test_the_tiers_are_cis():
+    # Two streams (.ci/run): the development tier, the gpu_stack tier's tests without vLLM, the recipe's and the
+    # report's launch tests; the gpu_stack tier's vLLM tests, the rest of the launch tier.
     assert ci_tiers() == (
         "not gpu_stack and not launch",
+        "gpu_stack and not vllm_rollout and not extended",
         "launch and not gpu_stack and not extended",
-        "gpu_stack and not extended",
+        "gpu_stack and vllm_rollout and not extended",
+        "launch and not gpu_stack and not extended",
     )
 
 
@@ -297,7 +302,7 @@ def test_the_marks_are_pytests_own_per_parametrization():
     tests = collected()
     every = "tests/e2e/test_every_method_on_cpu.py::test_every_step_trained_the_tiny_qwen25_vl"
     assert not tests.in_ci(f"{every}[durian-vllm]") and not tests.in_ci(f"{every}[mupo-vllm]")
-    assert tests.in_ci(f"{every}[avspo-vllm]") and tests.in_ci(f"{every}[codapo-vllm]")
+    assert not tests.in_ci(f"{every}[avspo-vllm]") and tests.in_ci(f"{every}[codapo-vllm]")
     assert not tests.in_ci(f"{every}[grpo-hf_cpu]")
     identity = "tests/e2e/test_grpo_identity_on_cpu.py::test_diva_without_its_additions_logs_what_grpo_logs"
     assert not tests.in_ci(f"{identity}[hf_cpu]") and tests.in_ci(f"{identity}[vllm]")
@@ -334,7 +339,7 @@ DURIAN_MUPO = (
             "CI leaves out",
         ),
         (
-            "`tests/e2e/test_every_method_on_cpu.py[avspo-vllm]` (`gpu_stack`) is left out of CI: `-m extended`.",
+            "`tests/e2e/test_every_method_on_cpu.py[codapo-vllm]` (`gpu_stack`) is left out of CI: `-m extended`.",
             "CI runs",
         ),
         ("- `tests/e2e/test_crash_resume_on_cpu.py` (`gpu_stack`) checks it.", "-m extended"),
@@ -360,10 +365,10 @@ def test_a_wrong_claim_is_caught(text, expected):
     [
         "- `tests/e2e/test_crash_resume_on_cpu.py` (`gpu_stack`, marked `extended`: CI leaves it out; run it with\n"
         "  `DIVA_REQUIRE_VLLM=1 ~/venvs/diva-vllm-cpu/bin/python -m pytest tests -q -m extended`).\n",
-        "`tests/e2e/test_every_method_on_cpu.py` (`gpu_stack`) trains every method. CI runs AVSPO, CoDaPO and PGPO on"
-        " vLLM (`tests/e2e/test_every_method_on_cpu.py[avspo-vllm]`, `[codapo-vllm]`, `[pgpo-vllm-*]`); Durian's and"
-        " MUPO's vLLM runs (`tests/e2e/test_every_method_on_cpu.py[durian-vllm]`, `[mupo-vllm]`) and the `hf_cpu`"
-        " runs (`tests/e2e/test_every_method_on_cpu.py[*-hf_cpu]`) only with `-m extended`.",
+        "`tests/e2e/test_every_method_on_cpu.py` (`gpu_stack`) trains every method. CI runs CoDaPO and PGPO on"
+        " vLLM (`tests/e2e/test_every_method_on_cpu.py[codapo-vllm]`, `[pgpo-vllm-*]`); AVSPO's, Durian's and"
+        " MUPO's vLLM runs (`tests/e2e/test_every_method_on_cpu.py[avspo-vllm]`, `[durian-vllm]`, `[mupo-vllm]`) and"
+        " the `hf_cpu` runs (`tests/e2e/test_every_method_on_cpu.py[*-hf_cpu]`) only with `-m extended`.",
         "`tests/algos/test_pgpo_on_cpu.py` runs in CI.",
         "- `tests/e2e/test_grpo_identity_on_cpu.py` (`gpu_stack`). On vLLM"
         " (`tests/e2e/test_grpo_identity_on_cpu.py[vllm]`, in CI) and on `hf_cpu`"

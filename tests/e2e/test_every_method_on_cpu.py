@@ -21,9 +21,9 @@ environment.
 PGPO (whose blind pass runs the actor twice per step) trains on vLLM with ``PRECISION=bf16``, the GPU job's mixed
 precision, at world size 2 (two Ray nodes, two ranks, two replicas): bf16 compute, fp32 gradient reduction over the
 ranks, fp32 master weights, which the fp32 rollout receives in each sync (its log-probs still pass the exact check;
-the actor's are a bf16 forward's). CI runs the vLLM launches of AVSPO, CoDaPO and PGPO; Durian's and MUPO's (whose
-step is GRPO's with another advantage function) and the ``hf_cpu`` ones (a CPU-only rollout; GRPO's among them) are
-marked ``extended`` for CI time.
+the actor's are a bf16 forward's). CI runs the vLLM launches of CoDaPO and PGPO; AVSPO's, Durian's and MUPO's
+(whose step is GRPO's with another advantage function) and the ``hf_cpu`` ones (a CPU-only rollout; GRPO's among them)
+are marked ``extended`` for CI time.
 """
 
 from __future__ import annotations
@@ -52,14 +52,18 @@ METRICS = {
 }
 # vLLM is the GPU job's rollout: CI trains on it the methods whose step differs from GRPO's beyond the advantage
 # (CoDaPO's resampled pass, PGPO's blind pass with the GPU job's bf16 mixed precision at world size 2: two ranks, two
-# replicas) and AVSPO; Durian's and MUPO's vLLM runs (the shared advantage step, another function) and the hf_cpu
-# runs (a CPU-only rollout) are marked extended for CI time (CI's whole run took 50 min of its 45-minute budget).
+# replicas). AVSPO's, Durian's and MUPO's vLLM runs (the shared advantage step, another function, each function held
+# to its reference in CI) and the hf_cpu runs (a CPU-only rollout) are marked extended for CI time (a vLLM launch is
+# three minutes on two cores; CI's whole run was 54 min of its 45-minute budget).
+VLLM = pytest.mark.vllm_rollout
 RUNS = [
-    ("avspo", "vllm", {}),
-    ("codapo", "vllm", {}),
-    pytest.param(("durian", "vllm", {}), marks=pytest.mark.extended, id="durian-vllm"),
-    ("pgpo", "vllm", {"PRECISION": "bf16", "NODES": "2"}),
-    pytest.param(("mupo", "vllm", {}), marks=pytest.mark.extended, id="mupo-vllm"),
+    pytest.param(("avspo", "vllm", {}), marks=[pytest.mark.extended, VLLM], id="avspo-vllm"),
+    pytest.param(("codapo", "vllm", {}), marks=VLLM, id="codapo-vllm"),
+    pytest.param(("durian", "vllm", {}), marks=[pytest.mark.extended, VLLM], id="durian-vllm"),
+    pytest.param(
+        ("pgpo", "vllm", {"PRECISION": "bf16", "NODES": "2"}), marks=VLLM, id="pgpo-vllm-precisionbf16-nodes2"
+    ),
+    pytest.param(("mupo", "vllm", {}), marks=[pytest.mark.extended, VLLM], id="mupo-vllm"),
     *(
         pytest.param((method, "hf_cpu", {}), marks=pytest.mark.extended, id=f"{method}-hf_cpu")
         for method in ("avspo", "codapo", "durian", "pgpo", "mupo", "grpo")

@@ -57,7 +57,10 @@ def task(tmp_path_factory):
 
 # CI runs the main job's rollout (vLLM through the GPU launcher, ~6 minutes on two cores); hf_cpu's form (~4 minutes)
 # is marked extended for CI's time: -m extended runs it (docs/algo/diva_grpo.md, "GRPO inside DIVA").
-@pytest.fixture(scope="module", params=[pytest.param("hf_cpu", marks=pytest.mark.extended), "vllm"])
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param("hf_cpu", marks=pytest.mark.extended), pytest.param("vllm", marks=pytest.mark.vllm_rollout)],
+)
 def runs(request, task):
     """GRPO and DIVA-GRPO without its additions, at the same seed, on one rollout; each launch's duration."""
     rollout = request.param

@@ -8,7 +8,8 @@ difficulty exactly; loss, gradient norm and log-probs to float tolerance (the tw
 order).
 
 * ``hf_cpu``, 1 -> 2: the world-size-1 DIVA run's step-3 checkpoint, resumed on two Ray nodes for step 4; and
-  2 -> 1: the two-node run's step-3 checkpoint, resumed on one node for step 4 (both in CI).
+  2 -> 1: the two-node run's step-3 checkpoint, resumed on one node for step 4 (2 -> 1 in CI; 1 -> 2 ``extended``
+  for CI time, its load at world size 2 in CI in ``tests/checkpoint/test_reshardable_checkpoint_on_cpu.py``).
 * vLLM, 2 -> 1: the two-node vLLM DIVA run's step-2 checkpoint, resumed on one node for step 3 (through the GPU
   launcher, which is what a user resubmits; ``extended`` for CI time).
 * A lost node that does not come back (``extended``): ``NODES=2 MAX_RESTARTS=1 LOCAL_NODE_RESTART=0``, node-1 killed
@@ -71,6 +72,9 @@ def _same_values(resumed: Path, reference: Path, ranks: int, reference_ranks: in
     assert set(steps) <= set(counts["steps"]) and counts["response_fields"] > 0, counts
 
 
+# CI time (a launch; tests/checkpoint/test_reshardable_checkpoint_on_cpu.py loads a world-size-1 save at 2 in CI):
+# run with -m extended
+@pytest.mark.extended
 def test_hf_cpu_saved_at_world_size_1_resumes_at_2(tiny_diva_world1):
     run = _resumed(tiny_diva_world1["dir"], tiny_diva_world1["workdir"] / "reshard_1_to_2", DIVA_STEPS, DIVA_NODES)
     assert run["saved_at"] == [1]
