@@ -14,7 +14,9 @@ command, the machine and the date that measured it) and, as its last line, one J
 
 ``--from-log TIER LOG`` records a tier from the output of a run of its command made alone (pytest's closing line,
 ``131 passed ... in 2730.81s``; the log is copied beside the figures) instead of running it again: the ``gpu_stack``
-tier takes the better part of an hour.
+tier takes the better part of an hour. ``--from-ci-log LOG`` records CI's whole run (``bash .ci/run`` alone on this
+machine, the budget in its name: 45 minutes) from its output: the table of parts it prints at its end and every
+pytest closing line (kept beside the figures as ``ci_run.log``).
 """
 
 from __future__ import annotations
@@ -82,18 +84,52 @@ def tier_from_log(tier: str, log: Path, keep: bool) -> dict:
     return {**figures, "from_log": f"benchmarks/results/test_tiers/{tier}_pytest.log"}
 
 
+# pytest's closing line of a run with a failure: "= 1 failed, 20 passed in 9.10s =", "= 2 errors in 1.00s ="
+FAILED = re.compile(r"^=+ .*\b\d+ (failed|errors?)\b.* in [\d.]+s")
+# .ci/run's closing table: "  gpu_stack tier, vLLM      1234 s (from 250 s)" and "  whole      2400 s".
+CI_PART = re.compile(r"^  (?P<name>\S.*?)\s+(?P<seconds>\d+) s(?: \(from (?P<start>\d+) s\))?$")
+
+
+def ci_from_log(log: Path, keep: bool) -> dict:
+    """CI's whole run from its output: its parts (seconds, and when each started) and pytest's closing lines."""
+    lines = log.read_text(errors="replace").splitlines()
+    if any(line.startswith("CI: failed") for line in lines) or "CI: time of each part" not in "\n".join(lines):
+        raise SystemExit(f"{log}: not the output of a passing .ci/run")
+    table = lines[max(i for i, line in enumerate(lines) if line.startswith("CI: time of each part")) :]
+    parts = {m["name"]: int(m["seconds"]) for line in table if (m := CI_PART.match(line))}
+    closing = [m.group(0).strip("= ") for line in lines if (m := SUMMARY.search(line))]
+    failed = [line for line in lines if FAILED.search(line)]
+    if "whole" not in parts or not closing or failed:
+        raise SystemExit(f"{log}: no whole time or a failed pytest closing line")
+    if keep:
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+        (OUT.parent / "ci_run.log").write_text("\n".join([*closing, *table]) + "\n")
+    return {
+        "command": "bash .ci/run",
+        "seconds": parts["whole"],
+        "minutes": round(parts["whole"] / 60, 2),
+        "result": "; ".join(closing),
+        "parts_s": {name: seconds for name, seconds in parts.items() if name != "whole"},
+        "from_log": "benchmarks/results/test_tiers/ci_run.log",
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiers", nargs="+", default=["development", "launch"], choices=sorted(TIERS))
     parser.add_argument("--gpu-stack-python", default=None, help="the main job's stack's python, for gpu_stack")
     add_no_record(parser)
     parser.add_argument("--from-log", nargs=2, metavar=("TIER", "LOG"), help="record TIER from a log of its run")
+    parser.add_argument("--from-ci-log", metavar="LOG", help="record CI's whole run from the output of .ci/run")
     args = parser.parse_args(argv)
     tiers = list(args.tiers) + (["gpu_stack"] if args.gpu_stack_python and "gpu_stack" not in args.tiers else [])
     figures: dict = {}
     if args.from_log:
         tier, log = args.from_log
         figures[tier] = tier_from_log(tier, Path(log), keep=not args.no_record)
+        tiers = []
+    if args.from_ci_log:
+        figures["ci"] = ci_from_log(Path(args.from_ci_log), keep=not args.no_record)
         tiers = []
     for tier in tiers:
         python = args.gpu_stack_python if tier == "gpu_stack" else sys.executable
