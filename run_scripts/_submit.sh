@@ -132,7 +132,7 @@ if [ -z "${RAY_ADDRESS:-}" ]; then
     echo "on GPUs, start your cluster with ray start and set RAY_ADDRESS" >&2
     exit 2
   fi
-  RAY_TMP="$(mktemp -d /tmp/diva_ray_XXXXXX)"
+  RAY_TMP="$(mktemp -d --tmpdir diva_ray_XXXXXX)"  # in $TMPDIR (else /tmp), as Ray's own temp folder
   # Ray >= 2.5x turns on token authentication for new local clusters: give this head its own random token
   # (never written to disk or logs); `ray job submit` and the job's processes read it from the environment.
   export RAY_AUTH_MODE=token

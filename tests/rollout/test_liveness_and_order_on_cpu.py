@@ -58,7 +58,7 @@ def test_dead_actors_names_the_dead_only_and_says_why(local_ray):
     found = dead_actors([("server a", alive), ("server b", busy), ("server c", dead)], timeout_s=2.0)
     assert len(found) == 1 and found[0].startswith("server c: ")
     assert "actor" in found[0].lower()  # Ray's own reason follows the name
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 20  # its 2 s timeout, not the busy server's 30 s request
     assert dead_actors([("server a", alive)]) == []
 
 
