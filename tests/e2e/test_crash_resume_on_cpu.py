@@ -1,5 +1,5 @@
 """A crash loses nothing: the DIVA run killed four times, restarted by the launcher, logs what the run that never
-stopped logs (``tests/e2e/conftest.py``'s ``tiny_diva_world1``: one node, the shared run's 4 steps in one job). The
+stopped logs (``tests/e2e/conftest.py``'s ``tiny_diva_world1``: one node, 3 steps, then a resume for a 4th). The
 two-node cluster's faults (a lost node, storage a node cannot see) are in ``test_cluster_faults_on_cpu.py``.
 
 One launch of ``run_scripts/tiny_cpu.sh`` with ``MAX_RESTARTS=4`` and four faults (:mod:`verl_ext.faults`), each a

@@ -241,17 +241,14 @@ _MASTER_PORTS: dict[int, int] = {}
 
 def launch_diva_world1(workdir: Path, run_dir: Path, timeout: int = 900, **settings: str) -> tuple[str, dict]:
     """The shared DIVA run's settings and seed on one node, one rank, one replica (``settings``: more, e.g.
-    ``USE_REMOVE_PADDING="1"``): the world-size-1 reference and the runs compared with it. It trains the shared run's
-    steps in one job, without the shared run's resume (one job start less, a minute or more on two cores): its steps
-    are what a run that never stopped logs, which the resumed runs (the shared run's, the reshard and crash runs') are
-    held to."""
+    ``USE_REMOVE_PADDING="1"``): the world-size-1 reference and the runs compared with it."""
     return launch_tiny_cpu(
         workdir,
         run_dir,
         timeout,
         METHOD="diva",
         NODES="1",
-        STEPS=str(DIVA_STEPS + DIVA_RESUME_STEPS),
-        RESUME_STEPS="0",
+        STEPS=str(DIVA_STEPS),
+        RESUME_STEPS=str(DIVA_RESUME_STEPS),
         **settings,
     )
