@@ -15,7 +15,7 @@ command, the machine and the date that measured it) and, as its last line, one J
 ``--from-log TIER LOG`` records a tier from the output of a run of its command made alone (pytest's closing line,
 ``131 passed ... in 2730.81s``; the log is copied beside the figures) instead of running it again: the ``gpu_stack``
 tier takes the better part of an hour. ``--from-ci-log LOG`` records CI's whole run (``bash .ci/run`` alone on this
-machine, the budget in its name: 45 minutes) from its output: the table of parts it prints at its end and every
+machine, which its budget is about) from its output: the table of parts it prints at its end and every
 pytest closing line (kept beside the figures as ``ci_run.log``).
 """
 
@@ -93,9 +93,10 @@ CI_PART = re.compile(r"^  (?P<name>\S.*?)\s+(?P<seconds>\d+) s(?: \(from (?P<sta
 def ci_from_log(log: Path, keep: bool) -> dict:
     """CI's whole run from its output: its parts (seconds, and when each started) and pytest's closing lines."""
     lines = log.read_text(errors="replace").splitlines()
-    if any(line.startswith("CI: failed") for line in lines) or "CI: time of each part" not in "\n".join(lines):
+    starts = [i for i, line in enumerate(lines) if line.startswith("CI: time of each part")]
+    if any(line.startswith("CI: failed") for line in lines) or not starts:
         raise SystemExit(f"{log}: not the output of a passing .ci/run")
-    table = lines[max(i for i, line in enumerate(lines) if line.startswith("CI: time of each part")) :]
+    table = lines[starts[-1] :]
     parts = {m["name"]: int(m["seconds"]) for line in table if (m := CI_PART.match(line))}
     closing = [m.group(0).strip("= ") for line in lines if (m := SUMMARY.search(line))]
     failed = [line for line in lines if FAILED.search(line)]

@@ -30,6 +30,8 @@ from tiny_launch import (
     launch_tiny_cpu,
 )
 
+from verl_ext.cpu import shared_memory
+
 
 def require_torchvision() -> None:
     """Qwen2-VL's processor (transformers 5) and verl's qwen_vl_utils import torchvision: say how to get it."""
@@ -83,12 +85,6 @@ def tiny_diva_world1(tiny_diva_run):
     return {"dir": run_dir, "workdir": tiny_diva_run["workdir"], "output": output, "summary": summary}
 
 
-def unused(paths: set) -> set:
-    from verl_ext.cpu.shared_memory import in_use
-
-    return paths - in_use(paths)
-
-
 @pytest.fixture(scope="session")
 def tiny_vllm_run(tmp_path_factory, vllm_required):
     """DIVA through the GPU launcher and verl's vLLM rollout on two nodes (``ROLLOUT=vllm NODES=2``): two steps, a
@@ -96,7 +92,7 @@ def tiny_vllm_run(tmp_path_factory, vllm_required):
     its step-2 checkpoint at world size 1 (``test_reshard_resume_on_cpu.py``)."""
     workdir = tmp_path_factory.mktemp("tiny_vllm")
     run_dir = workdir / "run"
-    shm_before = set(glob.glob("/dev/shm/psm_*"))
+    shm_before = shared_memory.segments()
     sockets: set = set()
     output, summary = launch_tiny_cpu(
         workdir,
@@ -117,6 +113,6 @@ def tiny_vllm_run(tmp_path_factory, vllm_required):
         "summary": summary,
         # What this run left: new segments no process uses (a run beside it, in CI's other pytest process, may hold
         # its own live ones).
-        "shm_left": unused(set(glob.glob("/dev/shm/psm_*")) - shm_before),
+        "shm_left": shared_memory.unused(shared_memory.segments() - shm_before),
         "sockets": sockets,
     }

@@ -4,7 +4,6 @@ DIVA trainer's metrics log, its checkpoints' difficulty states, its validation; 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -14,8 +13,6 @@ from verl_ext.report.run import load_run
 
 # Starts Ray, a process group or a fresh interpreter that imports verl: the launch tier (pytest -m launch; CI runs it).
 pytestmark = pytest.mark.launch
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

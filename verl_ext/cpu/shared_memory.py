@@ -49,6 +49,11 @@ def in_use(paths: set[str], proc: str = "/proc") -> set[str]:
     return used
 
 
+def unused(paths: set[str], proc: str = "/proc") -> set[str]:
+    """Those of ``paths`` no process has open or mapped: a finished run's orphans, never another run's live ones."""
+    return paths - in_use(paths, proc)
+
+
 def snapshot(path: str, shm_dir: str = SHM_DIR) -> None:
     with open(path, "w") as f:
         f.write("".join(f"{p}\n" for p in sorted(segments(shm_dir))))
@@ -59,7 +64,7 @@ def clean(path: str, shm_dir: str = SHM_DIR, proc: str = "/proc") -> list[str]:
     with open(path) as f:
         before = {line.strip() for line in f if line.strip()}
     new = segments(shm_dir) - before
-    orphans = sorted(new - in_use(new, proc))
+    orphans = sorted(unused(new, proc))
     for p in orphans:
         try:
             os.unlink(p)
